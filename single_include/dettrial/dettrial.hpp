@@ -363,6 +363,9 @@ DETTRIAL_INLINE std::size_t edit_distance(const std::string& a, const std::strin
 /// "; did you mean 'x'?" for the nearest of `names` (at most a third of the name's letters apart), else "".
 DETTRIAL_INLINE std::string suggestion(const std::string& name, const std::vector<std::string>& names);
 
+/// `node` as one line of flow YAML, `{lr: 0.01, layers: 2}`: a trial's hyperparameters in messages.
+DETTRIAL_INLINE std::string one_line(const YAML::Node& node);
+
 }  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -406,6 +409,12 @@ DETTRIAL_INLINE std::string suggestion(const std::string& name, const std::vecto
   for (const auto& n : names)
     if (const std::size_t d = edit_distance(name, n); d <= best_distance && (best.empty() || d < edit_distance(name, best))) best = n;
   return best.empty() ? std::string() : "; did you mean '" + best + "'?";
+}
+
+DETTRIAL_INLINE std::string one_line(const YAML::Node& node) {
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
 }
 
 }  // namespace dettrial::detail
@@ -2329,13 +2338,13 @@ class Prefetcher {
 
 }  // namespace dettrial::detail
 // ---- end dettrial/data/detail/prefetch.hpp
-// ---- begin dettrial/data/sampler.hpp
+// ---- begin dettrial/data/sampler_chain.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The sampler chain: which records make up each batch a rank reads, with Determined's order of
 /// operations (an epoch's order, batch, repeat, shard by rank, skip) and O(1) random access. The
 /// epoch's order is the built-in one (in order, or shuffled per epoch), a user's sampler's, or a
-/// user's batch sampler's batches; the chain steps are those of samplers.hpp, computed directly.
+/// user's batch sampler's batches; the chain steps are those of sampler_views.hpp, computed directly.
 
 #include <concepts>
 #include <condition_variable>
@@ -2972,7 +2981,7 @@ DETTRIAL_INLINE torch::Tensor BatchSampler::user_indices(const torch::Tensor& gi
 
 }  // namespace dettrial
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/data/sampler.hpp
+// ---- end dettrial/data/sampler_chain.hpp
 
 namespace dettrial {
 
@@ -4379,10 +4388,14 @@ DETTRIAL_INLINE ValidationReduction::Slot* ValidationReduction::find(std::string
 
 #include <torch/torch.h>
 
+
 namespace dettrial {
 
 /// A `torch.save`d state dict as LibTorch holds it: string keys to tensors, numbers, lists and dicts.
 using StateDict = c10::impl::GenericDict;
+
+/// An empty dict of names to any values (a state dict's `{}`), made where dettrial is compiled.
+DETTRIAL_INLINE StateDict empty_state_dict();
 
 /// A checkpoint policy: a name and whether to checkpoint after a validation, given whether it
 /// improved on the best searcher metric so far.
@@ -4393,6 +4406,15 @@ concept CheckpointPolicyType = requires(bool improved) {
 };
 
 }  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial {
+
+DETTRIAL_INLINE StateDict empty_state_dict() { return StateDict(c10::StringType::get(), c10::AnyType::get()); }
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/vocabulary/checkpoint.hpp
 
 namespace dettrial::optim {
@@ -6146,7 +6168,7 @@ inline const bool muon_layout_registered = optim::register_python_layout<optim::
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/optim/muon.hpp
-// ---- begin dettrial/nn/checkpoint.hpp
+// ---- begin dettrial/nn/activation_checkpoint.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Activation checkpointing, which LibTorch's C++ API never had: a module's or a function's
@@ -6168,7 +6190,7 @@ inline const bool muon_layout_registered = optim::register_python_layout<optim::
 /// @file
 /// @brief detail::GeneratorStates: the default random generators' states (the CPU's and chosen CUDA
 /// devices'), kept and put back. One mechanism for every place that must leave the random stream as
-/// it found it: activation checkpointing's recompute (nn/checkpoint.hpp) and validation, which must
+/// it found it: activation checkpointing's recompute (nn/activation_checkpoint.hpp) and validation, which must
 /// change nothing the training reads (trainer/fit_loop.hpp).
 
 #include <mutex>
@@ -7315,7 +7337,7 @@ DETTRIAL_INLINE torch::Tensor CheckpointEachImpl::forward(torch::Tensor x) {
 }  // namespace dettrial::nn
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/nn/checkpoint.hpp
+// ---- end dettrial/nn/activation_checkpoint.hpp
 // ---- begin dettrial/optim/clip.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -16775,9 +16797,6 @@ void for_each_state_entry(const torch::nn::Module& module, F&& f) {
 
 DETTRIAL_INLINE std::string shape_text(c10::IntArrayRef sizes);
 
-/// An empty dict of names to any values (a state dict's `{}`), made where dettrial is compiled.
-DETTRIAL_INLINE StateDict empty_state_dict();
-
 /// Python's DistributedDataParallel saves `module.<name>`: the model's own names without it.
 DETTRIAL_INLINE StateDict unwrapped(const StateDict& d);
 
@@ -16893,8 +16912,6 @@ DETTRIAL_INLINE c10::IValue unpickle_archive(const std::string& bytes, const std
     throw CheckpointError("cannot read '" + file.string() + "' as a torch.save archive: " + first_line(e.what()));
   }
 }
-
-DETTRIAL_INLINE StateDict empty_state_dict() { return StateDict(c10::StringType::get(), c10::AnyType::get()); }
 
 DETTRIAL_INLINE StateDict unwrapped(const StateDict& d) {
   const std::string prefix = "module.";
@@ -17382,13 +17399,6 @@ Json read_json_file(const std::filesystem::path& path) {
   }
 }
 
-/**
- * @brief The JSON objects of a .jsonl file, one per line (blank lines skipped). A last line that is
- * not one (torn by a crash) is skipped and `*torn` set; any other is an Error naming the file and the
- * line number.
- */
-DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn = nullptr);
-
 /// A field of a JSON document that is missing or has the wrong type, as `json_field` and `json_as`
 /// report it ("no 'uuid'", "'uuid' is a number, not a string"); readers turn it into their own
 /// error naming the file.
@@ -17443,38 +17453,6 @@ T json_as(const Json& value, std::string_view field) {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 namespace dettrial::detail {
-
-DETTRIAL_INLINE std::vector<Json> read_jsonl(const std::filesystem::path& path, bool* torn) {
-  if (torn) *torn = false;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read '" + path.string() + "'");
-  std::vector<Json> out;
-  // A line that is not a record is fatal only once another line follows it: the last may be torn.
-  std::string bad_reason;
-  std::size_t bad_line = 0, number = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++number;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    if (bad_line != 0)
-      throw Error("'" + path.string() + "' line " + std::to_string(bad_line) + " is not a JSON record (" + bad_reason +
-                  "); the file is damaged: fix or delete that line");
-    try {
-      Json record = Json::parse(line);
-      if (record.is_object()) {
-        out.push_back(std::move(record));
-        continue;
-      }
-      bad_reason = "it is " + json_kind(record) + ", not an object";
-    } catch (const Json::exception& e) {
-      bad_reason = json_parse_reason(e);
-    }
-    bad_line = number;
-  }
-  if (in.bad()) throw Error("cannot read '" + path.string() + "'");
-  if (bad_line != 0 && torn) *torn = true;
-  return out;
-}
 
 DETTRIAL_INLINE Json yaml_to_json(const YAML::Node& node) {
   switch (node.Type()) {
@@ -18572,6 +18550,22 @@ DETTRIAL_INLINE void load_model(const std::filesystem::path& path, torch::nn::Mo
 
 #include <torch/torch.h>
 
+// ---- begin dettrial/vocabulary/detail/erased_callbacks.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief detail::ErasedCallbacks: a fit's callbacks with their types erased, the one way they are:
+/// what the trial-independent code (the fit's loop, the checkpointer, compiled once) calls.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
 // ---- begin dettrial/vocabulary/callbacks.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -18727,6 +18721,155 @@ concept Callback = detail::has_any_hook<C>(static_cast<hook::all*>(nullptr));
 
 }  // namespace dettrial
 // ---- end dettrial/vocabulary/callbacks.hpp
+
+namespace dettrial::detail {
+
+/// A callback's name in checkpoints (`callbacks/<name>` in state_dict.pth): its `name()` if it has
+/// one, else `callback_<position>`.
+template <class C>
+std::string callback_name(const C& cb, std::size_t index) {
+  if constexpr (requires { std::string(cb.name()); }) return std::string(cb.name());
+  else return "callback_" + std::to_string(index);
+}
+
+/**
+ * @brief The hooks of a fit's callback set that are called outside the batch loop (the fit's start
+ * and end, a workload's and a validation's end, a checkpoint's writing and loading), as function
+ * pointers over the set: the loop and the Checkpointer are compiled once, not in every trial's unit,
+ * and call the callbacks through this alone. The per-epoch hooks, called inside the batch loop, are
+ * called on the typed set in the trial's own unit. Each pointer is called at most once per fit,
+ * workload, validation or checkpoint, never per batch. Made by erase_callbacks(set).
+ */
+class ErasedCallbacks {
+ public:
+  ErasedCallbacks() = default;
+
+  /// on_trial_startup for each callback in order, counting in `started` those that started (a
+  /// throwing one stops the rest).
+  void on_trial_startup(std::int64_t first_batch, const std::string& resume_uuid, std::size_t& started) const {
+    if (set_) startup_(set_, first_batch, resume_uuid, started);
+  }
+  /// on_trial_shutdown for the first `started` callbacks, last first; a failing hook is reported on
+  /// stderr, not thrown (the fit is ending already, maybe with an error of its own).
+  void on_trial_shutdown(std::size_t started) const noexcept {
+    if (set_) shutdown_(set_, started);
+  }
+  void on_training_start() const {
+    if (set_) training_start_(set_);
+  }
+  void on_validation_start() const {
+    if (set_) validation_start_(set_);
+  }
+  /// With each batch's metrics when a callback keeps them (CallbackSet::wants_batch_metrics).
+  void on_training_workload_end(const MetricValues& metrics, std::span<const Metrics> batches) const {
+    if (set_) workload_end_(set_, metrics, batches);
+  }
+  void on_validation_end(const MetricValues& metrics) const {
+    if (set_) validation_end_(set_, metrics);
+  }
+
+  /// The callbacks' state_dict()s, by callback_name.
+  StateDict states() const { return set_ ? states_(set_) : empty_state_dict(); }
+  void on_checkpoint_save_start(StateDict& top) const {
+    if (set_) save_start_(set_, top);
+  }
+  void on_checkpoint_write_end(const std::filesystem::path& dir) const {
+    if (set_) write_end_(set_, dir);
+  }
+  void on_checkpoint_upload_end(const std::string& uuid) const {
+    if (set_) upload_end_(set_, uuid);
+  }
+  void on_checkpoint_load_start(const StateDict& top) const {
+    if (set_) load_start_(set_, top);
+  }
+  /// load_state_dict for each callback with a state in `states`; returns the names of those
+  /// without one there (the caller warns).
+  std::vector<std::string> load_states(const StateDict& states) const {
+    return set_ ? load_states_(set_, states) : std::vector<std::string>{};
+  }
+
+ private:
+  template <class Set>
+  friend ErasedCallbacks erase_callbacks(Set& set);
+
+  void* set_ = nullptr;
+  void (*startup_)(void*, std::int64_t, const std::string&, std::size_t&) = nullptr;
+  void (*shutdown_)(void*, std::size_t) noexcept = nullptr;
+  void (*training_start_)(void*) = nullptr;
+  void (*validation_start_)(void*) = nullptr;
+  void (*workload_end_)(void*, const MetricValues&, std::span<const Metrics>) = nullptr;
+  void (*validation_end_)(void*, const MetricValues&) = nullptr;
+  StateDict (*states_)(void*) = nullptr;
+  void (*save_start_)(void*, StateDict&) = nullptr;
+  void (*write_end_)(void*, const std::filesystem::path&) = nullptr;
+  void (*upload_end_)(void*, const std::string&) = nullptr;
+  void (*load_start_)(void*, const StateDict&) = nullptr;
+  std::vector<std::string> (*load_states_)(void*, const StateDict&) = nullptr;
+};
+
+/// `set`'s hooks erased (`set`, a trainer's CallbackSet, must outlive what this returns).
+template <class Set>
+ErasedCallbacks erase_callbacks(Set& set) {
+  ErasedCallbacks e;
+  e.set_ = &set;
+  e.startup_ = [](void* p, std::int64_t first_batch, const std::string& resume_uuid, std::size_t& started) {
+    static_cast<Set*>(p)->each([&](auto& cb) {
+      if constexpr (hook::on_trial_startup::callable<std::remove_reference_t<decltype(cb)>>)
+        hook::on_trial_startup::call(cb, first_batch, resume_uuid);
+      ++started;
+    });
+  };
+  e.shutdown_ = [](void* p, std::size_t started) noexcept {
+    std::size_t index = Set::size;
+    static_cast<Set*>(p)->each_reversed([&](auto& cb) {
+      if (index-- > started) return;
+      if constexpr (hook::on_trial_shutdown::callable<std::remove_reference_t<decltype(cb)>>) {
+        try {
+          hook::on_trial_shutdown::call(cb);
+        } catch (const std::exception& error) {
+          std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", error.what());
+        }
+      }
+    });
+  };
+  e.training_start_ = [](void* p) { static_cast<Set*>(p)->template call<hook::on_training_start>(); };
+  e.validation_start_ = [](void* p) { static_cast<Set*>(p)->template call<hook::on_validation_start>(); };
+  e.workload_end_ = [](void* p, const MetricValues& metrics, std::span<const Metrics> batches) {
+    static_cast<Set*>(p)->template call<hook::on_training_workload_end>(metrics, batches);
+  };
+  e.validation_end_ = [](void* p, const MetricValues& metrics) { static_cast<Set*>(p)->template call<hook::on_validation_end>(metrics); };
+  e.states_ = [](void* p) {
+    StateDict states = empty_state_dict();
+    std::size_t index = 0;
+    static_cast<Set*>(p)->each([&](auto& cb) {
+      if constexpr (hook::state_dict::callable<std::remove_reference_t<decltype(cb)>>)
+        states.insert(callback_name(cb, index), hook::state_dict::call(cb));
+      ++index;
+    });
+    return states;
+  };
+  e.save_start_ = [](void* p, StateDict& top) { static_cast<Set*>(p)->template call<hook::on_checkpoint_save_start>(top); };
+  e.write_end_ = [](void* p, const std::filesystem::path& dir) { static_cast<Set*>(p)->template call<hook::on_checkpoint_write_end>(dir); };
+  e.upload_end_ = [](void* p, const std::string& uuid) { static_cast<Set*>(p)->template call<hook::on_checkpoint_upload_end>(uuid); };
+  e.load_start_ = [](void* p, const StateDict& top) { static_cast<Set*>(p)->template call<hook::on_checkpoint_load_start>(top); };
+  e.load_states_ = [](void* p, const StateDict& states) {
+    std::vector<std::string> without_state;
+    std::size_t index = 0;
+    static_cast<Set*>(p)->each([&](auto& cb) {
+      if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
+        const std::string name = callback_name(cb, index);
+        if (const auto found = states.find(name); found != states.end()) hook::load_state_dict::call(cb, found->value());
+        else without_state.push_back(name);
+      }
+      ++index;
+    });
+    return without_state;
+  };
+  return e;
+}
+
+}  // namespace dettrial::detail
+// ---- end dettrial/vocabulary/detail/erased_callbacks.hpp
 // ---- begin dettrial/checkpoint/policy.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -19259,14 +19402,6 @@ DETTRIAL_INLINE void restore_context(TrainerKey key, Context& c, const std::file
 
 namespace dettrial::detail {
 
-/// A callback's name in checkpoints (`callbacks/<name>` in state_dict.pth): its `name()` if it has
-/// one, else `callback_<position>`.
-template <class C>
-std::string callback_name(const C& cb, std::size_t index) {
-  if constexpr (requires { std::string(cb.name()); }) return std::string(cb.name());
-  else return "callback_" + std::to_string(index);
-}
-
 /// A checkpoint the chief wrote: how long training stood still for it (taking the snapshot, or the
 /// whole write when synchronous), and how long the write took from there.
 struct WrittenCheckpoint {
@@ -19274,58 +19409,6 @@ struct WrittenCheckpoint {
   double seconds = 0;
   double write_seconds = 0;
 };
-
-/**
- * @brief What a fit's callbacks add to its checkpoints, as function pointers over the callback set:
- * their states for a checkpoint and their hooks around writing and loading one. The Checkpointer
- * reads them through this, so that its code is compiled once (in separate compilation) and not in
- * every trial's translation unit; each pointer is called once per checkpoint, never per batch.
- */
-struct CallbackHooks {
-  void* set = nullptr;
-  StateDict (*states)(void* set) = nullptr;                                               ///< the callbacks' state_dict()s, by name
-  void (*save_start)(void* set, StateDict& top) = nullptr;                                ///< on_checkpoint_save_start
-  void (*write_end)(void* set, const std::filesystem::path& dir) = nullptr;               ///< on_checkpoint_write_end
-  void (*upload_end)(void* set, const std::string& uuid) = nullptr;                       ///< on_checkpoint_upload_end
-  void (*load_start)(void* set, const StateDict& top) = nullptr;                          ///< on_checkpoint_load_start
-  std::vector<std::string> (*load_states)(void* set, const StateDict& states) = nullptr;  ///< load_state_dict; names without state
-};
-
-/// The hooks of callback set `set` (a CallbackSet), which must outlive them.
-template <class Set>
-CallbackHooks callback_hooks(Set& set) {
-  return {.set = &set,
-          .states =
-              [](void* p) {
-                StateDict states = empty_state_dict();
-                std::size_t index = 0;
-                static_cast<Set*>(p)->each([&](auto& cb) {
-                  if constexpr (hook::state_dict::callable<std::remove_reference_t<decltype(cb)>>)
-                    states.insert(callback_name(cb, index), hook::state_dict::call(cb));
-                  ++index;
-                });
-                return states;
-              },
-          .save_start = [](void* p, StateDict& top) { static_cast<Set*>(p)->template call<hook::on_checkpoint_save_start>(top); },
-          .write_end = [](void* p,
-                          const std::filesystem::path& dir) { static_cast<Set*>(p)->template call<hook::on_checkpoint_write_end>(dir); },
-          .upload_end = [](void* p, const std::string& uuid) { static_cast<Set*>(p)->template call<hook::on_checkpoint_upload_end>(uuid); },
-          .load_start = [](void* p, const StateDict& top) { static_cast<Set*>(p)->template call<hook::on_checkpoint_load_start>(top); },
-          .load_states =
-              [](void* p, const StateDict& states) {
-                std::vector<std::string> without_state;
-                std::size_t index = 0;
-                static_cast<Set*>(p)->each([&](auto& cb) {
-                  if constexpr (hook::load_state_dict::callable<std::remove_reference_t<decltype(cb)>>) {
-                    const std::string name = callback_name(cb, index);
-                    if (const auto found = states.find(name); found != states.end()) hook::load_state_dict::call(cb, found->value());
-                    else without_state.push_back(name);
-                  }
-                  ++index;
-                });
-                return without_state;
-              }};
-}
 
 /**
  * @brief The checkpoints of one fit (Determined's layout, crash-safe; checkpoint/ writes the files).
@@ -19341,7 +19424,7 @@ CallbackHooks callback_hooks(Set& set) {
  */
 class Checkpointer {
  public:
-  // Out of line (compiled once in separate compilation), as a Run<T> of every trial makes, moves
+  // Out of line (compiled once in separate compilation), as a BatchLoop<T> of every trial makes, moves
   // and ends one.
   DETTRIAL_INLINE Checkpointer();
   /// On the chief, removes what an interrupted writer left in `storage` and continues its sequence.
@@ -19362,7 +19445,7 @@ class Checkpointer {
    * rank's RNG states go to the chief, which writes. The checkpoint in flight must have been
    * finished first (finish with `wait`).
    */
-  DETTRIAL_INLINE void begin(const CallbackHooks& callbacks, TrialCheckpointRecord record);
+  DETTRIAL_INLINE void begin(const ErasedCallbacks& callbacks, TrialCheckpointRecord record);
 
   /**
    * @brief The checkpoint in flight, once it is durable (with `wait`, waiting for it), after its
@@ -19371,7 +19454,7 @@ class Checkpointer {
    * nullopt while it is still being written, and on the ranks other than the chief. A write that
    * failed is a CheckpointError on every rank, naming the file on the chief.
    */
-  DETTRIAL_INLINE std::optional<WrittenCheckpoint> finish(const CallbackHooks& callbacks, bool wait);
+  DETTRIAL_INLINE std::optional<WrittenCheckpoint> finish(const ErasedCallbacks& callbacks, bool wait);
 
   /// Waits for a write in flight without its hooks (the fit is ending, perhaps failing): the
   /// checkpoint is completed, or its failure said in a warning. Not a collective.
@@ -19394,7 +19477,7 @@ class Checkpointer {
    * optimizers, schedulers, pending gradients, RNGs) and the callbacks that keep state. Returns the
    * names of the callbacks with state that the checkpoint has none for.
    */
-  DETTRIAL_INLINE std::vector<std::string> restore(const std::filesystem::path& dir, const CallbackHooks& callbacks,
+  DETTRIAL_INLINE std::vector<std::string> restore(const std::filesystem::path& dir, const ErasedCallbacks& callbacks,
                                                    bool fresh_parts = false);
 
   /// Deletes the checkpoints retention lets go; `keep_uuid` (the newest, mid-trial) is spared.
@@ -19473,15 +19556,15 @@ DETTRIAL_INLINE Checkpointer::Checkpointer(Checkpointer&&) noexcept = default;
 DETTRIAL_INLINE Checkpointer& Checkpointer::operator=(Checkpointer&&) noexcept = default;
 DETTRIAL_INLINE Checkpointer::~Checkpointer() = default;
 
-DETTRIAL_INLINE void Checkpointer::begin(const CallbackHooks& callbacks, TrialCheckpointRecord record) {
+DETTRIAL_INLINE void Checkpointer::begin(const ErasedCallbacks& callbacks, TrialCheckpointRecord record) {
   const auto started = std::chrono::steady_clock::now();
   const RankRngStates rng = gather_rng_states(*context_);
   const detail::WholeStates whole_optimizer_states =
       detail::ContextAccess::whole_optimizer_states(*key_, *context_);  // ZeRO's, on the chief
   in_flight_ = true;
   if (!context_->distributed().is_chief()) return;
-  StateDict top = trial_state_dict(*key_, *context_, rng, callbacks.states(callbacks.set));
-  callbacks.save_start(callbacks.set, top);
+  StateDict top = trial_state_dict(*key_, *context_, rng, callbacks.states());
+  callbacks.on_checkpoint_save_start(top);
   record.sequence = ++sequence_;
   const bool background = asynchronous_ && snapshot_fits(top);
   if (!background) {
@@ -19499,7 +19582,7 @@ DETTRIAL_INLINE void Checkpointer::begin(const CallbackHooks& callbacks, TrialCh
   stood_still_ = std::chrono::duration<double>(taken_at_ - started).count();
 }
 
-DETTRIAL_INLINE std::optional<WrittenCheckpoint> Checkpointer::finish(const CallbackHooks& callbacks, bool wait) {
+DETTRIAL_INLINE std::optional<WrittenCheckpoint> Checkpointer::finish(const ErasedCallbacks& callbacks, bool wait) {
   if (!in_flight_) return std::nullopt;
   const bool chief = context_->distributed().is_chief();
   const auto asked = std::chrono::steady_clock::now();
@@ -19525,18 +19608,18 @@ DETTRIAL_INLINE std::optional<WrittenCheckpoint> Checkpointer::finish(const Call
     throw CheckpointError(chief ? "the checkpoint could not be written: " + error
                                 : std::string("the chief rank could not write the checkpoint (its log says why)"));
   const std::string uuid = share_uuid(context_->communicator(), chief ? info->uuid : std::string());
-  if (chief) callbacks.write_end(callbacks.set, info->path);
-  callbacks.upload_end(callbacks.set, uuid);
+  if (chief) callbacks.on_checkpoint_write_end(info->path);
+  callbacks.on_checkpoint_upload_end(uuid);
   if (!chief) return std::nullopt;
   return WrittenCheckpoint{*info, stood_still_, std::chrono::duration<double>(ended - taken_at_).count()};
 }
 
-DETTRIAL_INLINE std::vector<std::string> Checkpointer::restore(const std::filesystem::path& dir, const CallbackHooks& callbacks,
+DETTRIAL_INLINE std::vector<std::string> Checkpointer::restore(const std::filesystem::path& dir, const ErasedCallbacks& callbacks,
                                                                bool fresh_parts) {
   const StateDict top = read_state_dict_file(dir);
-  callbacks.load_start(callbacks.set, top);
+  callbacks.on_checkpoint_load_start(top);
   restore_context(*key_, *context_, dir, top, fresh_parts);
-  return callbacks.load_states(callbacks.set, callback_states_of(top));
+  return callbacks.load_states(callback_states_of(top));
 }
 
 }  // namespace dettrial::detail
@@ -20461,6 +20544,146 @@ DETTRIAL_INLINE Json optional_json(const std::optional<std::int64_t>& v) { retur
 #include <string_view>
 #include <vector>
 
+// ---- begin dettrial/detail/jsonl.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief A JSON-lines file (events.jsonl, metrics.jsonl): appended by one process, read whole or
+/// followed by others, its last line possibly torn by a crash. The one place that rule lives.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <utility>
+#include <vector>
+
+
+namespace dettrial::detail {
+
+/// A .jsonl file: one JSON object per line. A last line without its newline is torn (a writer
+/// killed while writing it): readers leave it out, and a writer cuts it off before appending.
+class JsonlFile {
+ public:
+  explicit JsonlFile(std::filesystem::path path) : path_(std::move(path)) {}
+  const std::filesystem::path& path() const { return path_; }
+
+  /// Appends `record` as one line (flushed when this returns).
+  void append(const Json& record) const;
+
+  /**
+   * @brief The objects, one per line (blank lines skipped). A last line that is not one (torn by a
+   * crash) is left out and `*torn` set; any other is an Error naming the file and the line number.
+   */
+  std::vector<Json> read(bool* torn = nullptr) const;
+
+  /// Cuts a torn last line off, so that the next append starts a line of its own instead of being
+  /// lost with it; true when it cut one. A missing file is left alone.
+  bool cut_torn_line() const;
+
+ private:
+  std::filesystem::path path_;
+};
+
+/**
+ * @brief Follows a .jsonl file another process appends to: each read returns the complete lines
+ * added since the last read (a line still being written waits for the next one), as objects; a
+ * line that does not parse is skipped. The file is followed by inode and offset: one replaced or
+ * shortened (a resumed trial rewrites its metrics.jsonl) is read again from its start.
+ */
+class JsonlTail {
+ public:
+  std::vector<Json> read_new(const std::filesystem::path& path);
+
+ private:
+  std::uintmax_t offset_ = 0;
+  ino_t inode_ = 0;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <sys/stat.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void JsonlFile::append(const Json& record) const {
+  std::ofstream out(path_, std::ios::app | std::ios::binary);
+  out << json_line(record);
+  out.flush();
+  if (!out) throw Error("cannot append to '" + path_.string() + "'");
+}
+
+DETTRIAL_INLINE std::vector<Json> JsonlFile::read(bool* torn) const {
+  if (torn) *torn = false;
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) throw Error("cannot read '" + path_.string() + "'");
+  std::vector<Json> out;
+  // A line that is not a record is fatal only once another line follows it: the last may be torn.
+  std::string bad_reason;
+  std::size_t bad_line = 0, number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (bad_line != 0)
+      throw Error("'" + path_.string() + "' line " + std::to_string(bad_line) + " is not a JSON record (" + bad_reason +
+                  "); the file is damaged: fix or delete that line");
+    try {
+      Json record = Json::parse(line);
+      if (record.is_object()) {
+        out.push_back(std::move(record));
+        continue;
+      }
+      bad_reason = "it is " + json_kind(record) + ", not an object";
+    } catch (const Json::exception& e) {
+      bad_reason = json_parse_reason(e);
+    }
+    bad_line = number;
+  }
+  if (in.bad()) throw Error("cannot read '" + path_.string() + "'");
+  if (bad_line != 0 && torn) *torn = true;
+  return out;
+}
+
+DETTRIAL_INLINE bool JsonlFile::cut_torn_line() const {
+  std::ifstream whole(path_, std::ios::binary);
+  if (!whole) return false;
+  const std::string text((std::istreambuf_iterator<char>(whole)), std::istreambuf_iterator<char>());
+  if (text.empty() || text.back() == '\n') return false;
+  const auto keep = text.rfind('\n');
+  std::filesystem::resize_file(path_, keep == std::string::npos ? 0 : keep + 1);
+  return true;
+}
+
+DETTRIAL_INLINE std::vector<Json> JsonlTail::read_new(const std::filesystem::path& path) {
+  std::vector<Json> out;
+  struct stat file{};
+  if (::stat(path.c_str(), &file) != 0) return out;
+  if (file.st_ino != inode_ || static_cast<std::uintmax_t>(file.st_size) < offset_) {
+    inode_ = file.st_ino;  // a new file: read from its start
+    offset_ = 0;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return out;
+  in.seekg(static_cast<std::streamoff>(offset_));
+  for (std::string line; std::getline(in, line);) {
+    if (in.eof()) break;  // a line still being written: read it next time
+    offset_ += line.size() + 1;
+    Json record = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_discarded() && record.is_object()) out.push_back(std::move(record));
+  }
+  return out;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/detail/jsonl.hpp
 
 namespace dettrial {
 
@@ -20718,7 +20941,7 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
   if (!std::filesystem::is_regular_file(metrics_path, ec))
     throw Error("'" + run_dir.string() + "' has no metrics.jsonl: nothing to report (a run's output folder has one)");
   bool torn = false;
-  const std::vector<Json> records = detail::read_jsonl(metrics_path, &torn);
+  const std::vector<Json> records = detail::JsonlFile(metrics_path).read(&torn);
   std::size_t metric_charts = 0;
   const std::vector<html::Chart> charts = html::run_charts(records, &metric_charts);
 
@@ -20769,6 +20992,148 @@ DETTRIAL_INLINE std::filesystem::path write_run_report(const std::filesystem::pa
 
 #include <yaml-cpp/yaml.h>
 
+// ---- begin dettrial/vocabulary/search_event.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial::SearchEvent, one line of an experiment's events.jsonl, and dettrial::TrialState:
+/// the schema the search runner writes and replays and the search's report reads, in one place.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+
+
+namespace dettrial {
+
+/// How a trial of an experiment ended (or where it stands).
+enum class TrialState { queued, running, completed, stopped_by_searcher, errored, interrupted };
+
+/// "QUEUED", "RUNNING", "COMPLETED", "STOPPED_EARLY", "ERRORED", "INTERRUPTED": Determined's names.
+DETTRIAL_INLINE const char* to_string(TrialState s);
+
+/// The state named `name` (as to_string writes it), or nullopt.
+DETTRIAL_INLINE std::optional<TrialState> trial_state_named(const std::string& name);
+
+/**
+ * @brief One event of an experiment's events.jsonl, in the order the searcher was told of them: a
+ * second runner replays them into a searcher made from the same seed to continue the experiment,
+ * and the search's report draws them. `{"event":"validation"|"restart"|"end","trial":<id>,...}`.
+ */
+struct SearchEvent {
+  /// A validation the searcher was told of.
+  struct Validation {
+    double metric = 0;
+    /// The searcher's time metric at it (the batches when the trial does not report one).
+    double time = 0;
+    std::optional<std::int64_t> batches;
+    /// ASHA: the rung it reached (0: the first).
+    std::optional<std::int64_t> rung;
+    /// The searcher stopped the trial on it.
+    bool stopped = false;
+  };
+  /// The trial failed and runs again from its latest checkpoint.
+  struct Restart {
+    std::int64_t restarts = 0;
+  };
+  /// The trial ended.
+  struct End {
+    TrialState state = TrialState::completed;
+    std::int64_t restarts = 0;
+  };
+
+  std::int64_t trial = 0;
+  std::variant<Validation, Restart, End> what;
+  /// The Slurm job whose end a restart or end records (a later runner then knows it was handled).
+  std::optional<std::int64_t> slurm_job;
+
+  /// The event in `j`, strictly: a missing field, one of the wrong type, an unknown event or end state
+  /// throws detail::JsonFieldError naming the field (readers name the file).
+  static SearchEvent from_json(const detail::Json& j);
+  /// The event's line, without its newline.
+  detail::Json to_json() const;
+};
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+
+namespace dettrial {
+
+DETTRIAL_INLINE const char* to_string(TrialState s) {
+  switch (s) {
+    case TrialState::queued: return "QUEUED";
+    case TrialState::running: return "RUNNING";
+    case TrialState::completed: return "COMPLETED";
+    case TrialState::stopped_by_searcher: return "STOPPED_EARLY";
+    case TrialState::errored: return "ERRORED";
+    case TrialState::interrupted: return "INTERRUPTED";
+  }
+  return "?";
+}
+
+DETTRIAL_INLINE std::optional<TrialState> trial_state_named(const std::string& name) {
+  for (auto s : {TrialState::queued, TrialState::running, TrialState::completed, TrialState::stopped_by_searcher, TrialState::errored,
+                 TrialState::interrupted})
+    if (name == to_string(s)) return s;
+  return std::nullopt;
+}
+
+DETTRIAL_INLINE SearchEvent SearchEvent::from_json(const detail::Json& j) {
+  using detail::json_as, detail::json_field, detail::json_find;
+  const auto optional_integer = [&j](const char* key) -> std::optional<std::int64_t> {
+    if (const detail::Json* v = json_find(j, key)) return json_as<std::int64_t>(*v, key);
+    return std::nullopt;
+  };
+  const auto trial = json_as<std::int64_t>(json_field(j, "trial"), "trial");
+  const auto slurm_job = optional_integer("slurm_job");
+  const auto kind = json_as<std::string>(json_field(j, "event"), "event");
+  if (kind == "validation") {
+    Validation v{.metric = json_as<double>(json_field(j, "metric"), "metric"),
+                 .time = json_as<double>(json_field(j, "time"), "time"),
+                 .batches = optional_integer("batches"),
+                 .rung = optional_integer("rung"),
+                 .stopped = false};
+    if (const detail::Json* stopped = json_find(j, "stopped")) v.stopped = json_as<bool>(*stopped, "stopped");
+    return {.trial = trial, .what = v, .slurm_job = slurm_job};
+  }
+  if (kind == "restart")
+    return {
+        .trial = trial, .what = Restart{.restarts = json_as<std::int64_t>(json_field(j, "restarts"), "restarts")}, .slurm_job = slurm_job};
+  if (kind == "end") {
+    const auto name = json_as<std::string>(json_field(j, "state"), "state");
+    // The states a trial ends in (an interrupted one continues, and logs no end).
+    const auto state = trial_state_named(name);
+    if (!state || (*state != TrialState::completed && *state != TrialState::stopped_by_searcher && *state != TrialState::errored))
+      throw detail::JsonFieldError("'state' is '" + name + "', not COMPLETED, STOPPED_EARLY or ERRORED");
+    return {.trial = trial,
+            .what = End{.state = *state, .restarts = json_as<std::int64_t>(json_field(j, "restarts"), "restarts")},
+            .slurm_job = slurm_job};
+  }
+  throw detail::JsonFieldError("'event' is '" + kind + "', not validation, restart or end");
+}
+
+DETTRIAL_INLINE detail::Json SearchEvent::to_json() const {
+  detail::Json j;
+  if (const auto* v = std::get_if<Validation>(&what)) {
+    j = {{"event", "validation"}, {"trial", trial}, {"metric", v->metric}, {"time", v->time}};
+    if (v->batches) j["batches"] = *v->batches;
+    if (v->rung) j["rung"] = *v->rung;
+    if (v->stopped) j["stopped"] = true;
+  } else if (const auto* r = std::get_if<Restart>(&what)) {
+    j = {{"event", "restart"}, {"trial", trial}, {"restarts", r->restarts}};
+  } else {
+    const auto& end = std::get<End>(what);
+    j = {{"event", "end"}, {"trial", trial}, {"state", to_string(end.state)}, {"restarts", end.restarts}};
+  }
+  if (slurm_job) j["slurm_job"] = *slurm_job;
+  return j;
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/vocabulary/search_event.hpp
 
 namespace dettrial {
 
@@ -20885,26 +21250,28 @@ DETTRIAL_INLINE SearchEvents read_search_events(const std::filesystem::path& eve
   SearchEvents events;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(events_path, ec)) return events;
-  for (const Json& e : read_jsonl(events_path, &events.torn)) {
-    const auto id = integer_of(e, "trial");
-    if (!id) continue;
-    const std::string kind = string_of(e, "event");
-    if (kind == "validation") {
-      const auto value = number_of(e, "metric");
-      auto time = number_of(e, "time");
-      const auto batches = integer_of(e, "batches");
-      if (!time && batches) time = static_cast<double>(*batches);
-      if (value && time) events.curves[*id].emplace_back(*time, *value);
-      if (batches) events.batches[*id] = std::max(events.batches[*id], *batches);
-      if (const auto rung = integer_of(e, "rung")) {
-        const auto [slot, added] = events.rungs.try_emplace(*id, *rung);
-        if (!added) slot->second = std::max(slot->second, *rung);
+  for (const Json& line : JsonlFile(events_path).read(&events.torn)) {
+    // Read as the runner writes them; an event it would refuse is left off the page.
+    std::optional<SearchEvent> event;
+    try {
+      event = SearchEvent::from_json(line);
+    } catch (const JsonFieldError&) {
+      continue;
+    }
+    const std::int64_t id = event->trial;
+    if (const auto* v = std::get_if<SearchEvent::Validation>(&event->what)) {
+      events.curves[id].emplace_back(v->time, v->metric);
+      if (v->batches) events.batches[id] = std::max(events.batches[id], *v->batches);
+      if (v->rung) {
+        const auto [slot, added] = events.rungs.try_emplace(id, *v->rung);
+        if (!added) slot->second = std::max(slot->second, *v->rung);
       }
-    } else if (kind == "end") {
-      events.ended[*id] = string_of(e, "state");
-      if (const auto r = integer_of(e, "restarts")) events.restarts[*id] = *r;
-    } else if (kind == "restart") {
-      if (const auto r = integer_of(e, "restarts")) events.restarts[*id] = *r;
+    } else if (const auto* r = std::get_if<SearchEvent::Restart>(&event->what)) {
+      events.restarts[id] = r->restarts;
+    } else {
+      const auto& end = std::get<SearchEvent::End>(event->what);
+      events.ended[id] = to_string(end.state);
+      events.restarts[id] = end.restarts;
     }
   }
   return events;
@@ -20928,7 +21295,7 @@ DETTRIAL_INLINE void rows_from_trial_folders(const std::filesystem::path& trials
 DETTRIAL_INLINE void curve_from_metrics(TrialRow& row, const std::filesystem::path& metrics_log, const SearchPage& search,
                                         std::map<std::int64_t, std::int64_t>& batches) {
   try {
-    for (const Json& r : read_jsonl(metrics_log)) {
+    for (const Json& r : JsonlFile(metrics_log).read()) {
       if (string_of(r, "type") != "validation") continue;
       if (const auto b = integer_of(r, "batches")) batches[row.id] = std::max(batches[row.id], *b);
       const Json* metrics = detail::json_find(r, "metrics");
@@ -23948,7 +24315,7 @@ DETTRIAL_INLINE std::string runtime_summary() {
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/report/detail/runtime.hpp
-// ---- begin dettrial/trainer/detail/callbacks.hpp
+// ---- begin dettrial/trainer/detail/callback_set.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Callbacks as the trainer holds them: each type checked once against the hook table
@@ -24012,7 +24379,7 @@ class CallbackSet {
 };
 
 }  // namespace dettrial::detail
-// ---- end dettrial/trainer/detail/callbacks.hpp
+// ---- end dettrial/trainer/detail/callback_set.hpp
 // ---- begin dettrial/trainer/fit_options.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -24220,10 +24587,10 @@ ScopeExit<F> on_scope_exit(F f) {
 
 }  // namespace dettrial::detail
 // ---- end dettrial/detail/scope_exit.hpp
-// ---- begin dettrial/trainer/detail/run.hpp
+// ---- begin dettrial/trainer/detail/batch_loop.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief detail::Run<TrialT, Set>: the trial's half of one fit, generated for it: the batch loop
+/// @brief detail::BatchLoop<TrialT, Set>: the trial's half of one fit, generated for it: the batch loop
 /// (train_batch eagerly or as the captured step, backward, the optimizer step), validation's
 /// evaluate_batch, the trial's loaders and the callbacks. Trainer<TrialT> builds the trial and
 /// makes a Run for each fit. The loop by boundary (trainer/fit_loop.hpp) and everything else that
@@ -24579,7 +24946,7 @@ DETTRIAL_INLINE void stop_with_supervisor(pid_t supervisor) {
 namespace dettrial::detail {
 
 /// Which boundaries the last batch of a workload reached (Determined handles them in this order).
-struct Reached {
+struct BoundariesReached {
   bool length = false;
   bool validation = false;
   bool checkpoint = false;
@@ -24627,7 +24994,7 @@ class Schedule {
   std::int64_t total_batches() const { return length_.unit() == Unit::epochs ? length_.value() * epoch_len_ : length_.value(); }
   /// Determined's boundary rule: batch periods on batches completed; epoch periods on the last
   /// batch of an epoch, on epochs completed.
-  DETTRIAL_INLINE Reached boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const;
+  DETTRIAL_INLINE BoundariesReached boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const;
   /// Whether a validation is due once `batches_trained` batches are trained (none before the first).
   bool validates_after(std::int64_t batches_trained) const {
     const std::int64_t last = batches_trained - 1;
@@ -24711,14 +25078,14 @@ DETTRIAL_INLINE void Schedule::settle_epoch_length(TrainerKey key, Context& cont
   ContextAccess::position(key, context).epoch_len = epoch_len_;
 }
 
-DETTRIAL_INLINE Reached Schedule::boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
+DETTRIAL_INLINE BoundariesReached Schedule::boundaries_after(std::int64_t batch_idx, std::int64_t epoch_idx, bool epoch_end) const {
   auto hit = [&](const TrainUnit& u) {
     return u.unit() == Unit::epochs ? epoch_end && u.reached(epoch_idx + 1) : u.reached(batch_idx + 1);
   };
-  return Reached{.length = test_mode_ || hit(length_),
-                 .validation = hit(validation_period_),
-                 .checkpoint = hit(checkpoint_period_),
-                 .report = hit(reporting_period_)};
+  return BoundariesReached{.length = test_mode_ || hit(length_),
+                           .validation = hit(validation_period_),
+                           .checkpoint = hit(checkpoint_period_),
+                           .report = hit(reporting_period_)};
 }
 
 DETTRIAL_INLINE void Schedule::check_rank_invariant_boundaries(const Context& context, std::int64_t resumed_at) const {
@@ -24794,9 +25161,10 @@ inline void step_after_update(TrainerKey key, Context& context, const Schedule& 
 /// @brief detail::FitLoop: the half of one fit that does not depend on the trial's type, compiled
 /// once in separate-compilation mode: Determined's loop by boundary (the fit's start, training
 /// workload after workload, validation, checkpoints, an early stop, the end). It calls the trial's
-/// half, detail::Run<TrialT, Set> (trainer/run.hpp: the batch loop, the trial's hooks, its loaders
-/// and the callbacks), through the virtual functions below, each called once per fit, workload,
-/// validation or checkpoint, never per batch.
+/// half, detail::BatchLoop<TrialT, Set> (trainer/detail/batch_loop.hpp: the batch loop, the trial's hooks, its loaders
+/// and the per-epoch callback hooks), through the virtual functions below, each called once per fit,
+/// workload, validation or checkpoint, never per batch; the callbacks' other hooks through their
+/// one erased form, detail::ErasedCallbacks.
 
 #include <cstddef>
 #include <cstdint>
@@ -24811,7 +25179,7 @@ inline void step_after_update(TrainerKey key, Context& context, const Schedule& 
 /// @brief The steps of Determined's loop that do not call the trial: the run's first lines, a
 /// workload's and a validation's metrics reduced over the ranks and reported, the searcher metric's
 /// best, a checkpoint's record, an early stop. Each takes the pieces of the fit it needs (Schedule,
-/// Position, Outputs' reporter, the Checkpointer); detail::Run calls them between the trial's
+/// Position, Outputs' reporter, the Checkpointer); detail::BatchLoop calls them between the trial's
 /// hooks. Compiled once in separate-compilation mode, so a trial's translation unit compiles its own
 /// loop and little else.
 
@@ -25331,7 +25699,7 @@ namespace dettrial::detail {
  */
 class Outputs {
  public:
-  // Out of line (compiled once in separate compilation), as a Run<T> of every trial makes, moves
+  // Out of line (compiled once in separate compilation), as a BatchLoop<T> of every trial makes, moves
   // and ends one.
   DETTRIAL_INLINE Outputs();
   DETTRIAL_INLINE Outputs(Outputs&& other) noexcept;
@@ -26089,7 +26457,7 @@ struct LoaderSeeds {
 
 /// What the loop needs of the trial's types, as values: the trial's name (a checkpoint records it)
 /// and whether a step capture can take its training batch (named when it cannot).
-struct TrialFacts {
+struct TrialTypeInfo {
   std::string trial_type;
   std::string training_batch_type;
   bool training_batch_tensors_only = false;
@@ -26097,9 +26465,6 @@ struct TrialFacts {
   /// rather than its training loader's (a PyTorch-style trial, whose records_per_epoch Determined ignores).
   bool epochs_follow_records_per_epoch = false;
 };
-
-/// The callback hooks without arguments that the loop calls.
-enum class LoopHook { training_start, validation_start };
 
 /**
  * @brief The trial-independent half of one fit (see the file's comment). Holds the fit's pieces
@@ -26116,22 +26481,12 @@ class FitLoop {
   DETTRIAL_INLINE FitResult fit(FitOptions options);
 
  protected:
-  /// `callbacks`: the Run's callbacks' states and hooks, which the checkpoints read and call.
-  DETTRIAL_INLINE FitLoop(TrainerKey key, Context& context, TrialFacts facts, CallbackHooks callbacks);
+  /// `callbacks`: the Run's callbacks, erased: the hooks the loop and the checkpoints call.
+  DETTRIAL_INLINE FitLoop(TrainerKey key, Context& context, TrialTypeInfo facts, ErasedCallbacks callbacks);
   // Not virtual: a Run is never destroyed through a FitLoop.
   DETTRIAL_INLINE ~FitLoop();
 
-  // ---- the trial's half (Run<TrialT, Set>) ------------------------------------------------------
-
-  /// on_trial_startup for each callback in order, counting in `started` those that started.
-  virtual void start_callbacks(std::int64_t first_batch, const std::string& resume_uuid, std::size_t& started) = 0;
-  /// on_trial_shutdown for the callbacks that started, last first; a failing hook is reported, not thrown.
-  virtual void shut_down_callbacks(std::size_t started) = 0;
-  virtual void call_callbacks(LoopHook hook) = 0;
-  /// on_training_workload_end, with the batches' metrics when a callback keeps them.
-  virtual void workload_ended(const MetricValues& metrics, const Workload& workload) = 0;
-  /// on_validation_end.
-  virtual void validation_ended(const MetricValues& metrics) = 0;
+  // ---- the trial's half (BatchLoop<TrialT, Set>) ------------------------------------------------------
 
   /// Builds the training and validation loaders.
   virtual void build_loaders() = 0;
@@ -26152,7 +26507,7 @@ class FitLoop {
   virtual void close_training_stream() noexcept = 0;
   /// Trains batch after batch from that stream until one reaches a boundary (or, in one process,
   /// a stop signal arrives).
-  virtual Reached train_workload(Workload& workload) = 0;
+  virtual BoundariesReached train_workload(Workload& workload) = 0;
   /// This rank's share of a validation (the trial's evaluate_batch or evaluate_full_dataset).
   virtual RankShare evaluate() = 0;
 
@@ -26184,22 +26539,22 @@ class FitLoop {
   DETTRIAL_INLINE void begin(FitOptions options);
   DETTRIAL_INLINE void prepare_training();
   DETTRIAL_INLINE void train();
-  DETTRIAL_INLINE bool handle_boundaries(const Reached& reached);
+  DETTRIAL_INLINE bool handle_boundaries(const BoundariesReached& reached);
   /// Stops (and returns true) when any rank received a stop signal or asked to stop.
   DETTRIAL_INLINE bool stop_if_asked();
-  DETTRIAL_INLINE void stop(int signal);
+  DETTRIAL_INLINE void stop_early(int signal);
   DETTRIAL_INLINE void checkpoint_unless_current();
   DETTRIAL_INLINE void validate();
   DETTRIAL_INLINE void checkpoint();
   DETTRIAL_INLINE void finish_checkpoint(bool wait);
   DETTRIAL_INLINE std::int64_t agree_across_ranks(std::int64_t loader_batches);
   DETTRIAL_INLINE void restore(const std::filesystem::path& dir, const TrialProgress& progress);
-  DETTRIAL_INLINE std::int64_t data_layout();
+  DETTRIAL_INLINE std::int64_t data_ranks();
   /// The largest of `value` over the ranks: what every rank acts on.
   DETTRIAL_INLINE int agreed_max(int value);
 
-  TrialFacts facts_;
-  CallbackHooks callback_hooks_;
+  TrialTypeInfo facts_;
+  ErasedCallbacks callbacks_;
 };
 
 }  // namespace dettrial::detail
@@ -26215,8 +26570,8 @@ class FitLoop {
 
 namespace dettrial::detail {
 
-DETTRIAL_INLINE FitLoop::FitLoop(TrainerKey key, Context& context, TrialFacts facts, CallbackHooks callbacks)
-    : key_(key), context_(context), facts_(std::move(facts)), callback_hooks_(callbacks) {}
+DETTRIAL_INLINE FitLoop::FitLoop(TrainerKey key, Context& context, TrialTypeInfo facts, ErasedCallbacks callbacks)
+    : key_(key), context_(context), facts_(std::move(facts)), callbacks_(callbacks) {}
 DETTRIAL_INLINE FitLoop::~FitLoop() = default;
 
 DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
@@ -26230,9 +26585,9 @@ DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
   });
   // Each callback that started gets on_trial_shutdown, in reverse order, whatever happens next.
   std::size_t started = 0;
-  const auto shutdown = on_scope_exit([&] { shut_down_callbacks(started); });
+  const auto shutdown = on_scope_exit([&] { callbacks_.on_trial_shutdown(started); });
   const std::string resume_uuid = position_.resume_dir() ? position_.resume_dir()->filename().string() : std::string();
-  start_callbacks(position_.first_batch(), resume_uuid, started);
+  callbacks_.on_trial_startup(position_.first_batch(), resume_uuid, started);
   prepare_training();
   // The graph is made anew in each fit (a resumed run warms up and captures again) and freed after it.
   if (const auto* graph = std::get_if<capture::cuda_graph>(&options_.step_capture)) start_step_graph(*graph);
@@ -26242,7 +26597,7 @@ DETTRIAL_INLINE FitResult FitLoop::fit(FitOptions options) {
   if (const std::optional<std::string> data = describe_training_data()) outputs_.reporter().line("dettrial: training data: " + *data);
   outputs_.start_tensorboard_session(context_);
   const StopSignals signals(options_.handle_signals);
-  call_callbacks(LoopHook::training_start);
+  callbacks_.on_training_start();
   if (options_.step_zero_validation && position_.untouched()) validate();
   // A checkpoint taken where a validation was due but had not run (an earlier dettrial stopped on
   // a signal before validating): it runs first, where the uninterrupted run ran it.
@@ -26291,7 +26646,7 @@ DETTRIAL_INLINE void FitLoop::begin(FitOptions options) {
 /// Builds the data loaders, makes the ranks agree, restores the checkpoint and sets the counters.
 DETTRIAL_INLINE void FitLoop::prepare_training() {
   build_loaders();
-  schedule_.keep_data_ranks(data_layout());
+  schedule_.keep_data_ranks(data_ranks());
   schedule_.settle_epoch_length(key_, context_, agree_across_ranks(training_epoch_length(training_chain())),
                                 facts_.epochs_follow_records_per_epoch);
   if (const auto& dir = position_.resume_dir()) restore(*dir, position_.to_restore(options_.trial_id));
@@ -26310,9 +26665,9 @@ DETTRIAL_INLINE void FitLoop::train() {
   const auto close = on_scope_exit([&] { close_training_stream(); });
   Workload workload;
   while (schedule_.remaining(position_.progress()) > 0) {
-    const Reached reached = train_workload(workload);
+    const BoundariesReached reached = train_workload(workload);
     result_.last_training_metrics = report_training(key_, context_, workload, position_.progress(), outputs_.reporter());
-    workload_ended(result_.last_training_metrics, workload);
+    callbacks_.on_training_workload_end(result_.last_training_metrics, workload.batch_metrics);
     finish_checkpoint(/*wait=*/false);  // the one written in the background, if it is durable now
     if (handle_boundaries(reached)) return;
   }
@@ -26323,7 +26678,7 @@ DETTRIAL_INLINE void FitLoop::train() {
 /// for a preemption after each boundary: a validation due at this batch runs before a signal
 /// stops the run. A workload that a signal ended between boundaries (one process) stops at once.
 /// Returns true when training stops.
-DETTRIAL_INLINE bool FitLoop::handle_boundaries(const Reached& reached) {
+DETTRIAL_INLINE bool FitLoop::handle_boundaries(const BoundariesReached& reached) {
   enum class Kind { length, validation, checkpoint, report };
   const std::pair<bool, Kind> in_order[] = {{reached.length, Kind::length},
                                             {reached.validation, Kind::validation},
@@ -26343,13 +26698,13 @@ DETTRIAL_INLINE bool FitLoop::stop_if_asked() {
   // asked to stop; every rank acts on the same answer.
   const int agreed = agreed_max(StopSignals::received() * 2 + (context_.get_stop_requested() ? 1 : 0));
   if (agreed == 0) return false;
-  stop(agreed / 2);
+  stop_early(agreed / 2);
   return true;
 }
 
 /// The one way training stops early: checkpoint (unless current), record why (`signal`, or 0
 /// for a stop request), say so.
-DETTRIAL_INLINE void FitLoop::stop(int signal) {
+DETTRIAL_INLINE void FitLoop::stop_early(int signal) {
   checkpoint_unless_current();
   finish_checkpoint(/*wait=*/true);  // durable before the process exits (with 75 after a signal)
   result_.signal = signal;
@@ -26375,11 +26730,11 @@ DETTRIAL_INLINE void FitLoop::validate() {
     // period.
     const auto generators = on_scope_exit([states = GeneratorStates::record(context_.device())] { states.restore(); });
     begin_validation(key_, context_, position_.batches_trained());
-    call_callbacks(LoopHook::validation_start);
+    callbacks_.on_validation_start();
     outputs_.reporter().begin("validate", 0, validation_epoch_length(validation_chain()), "batches");
     std::int64_t records = 0;
     const MetricValues metrics = reduce_validation(key_, context_, evaluate(), records);
-    validation_ended(metrics);
+    callbacks_.on_validation_end(metrics);
     result_.last_validation_metrics = finish_validation(context_, metrics, records, position_, outputs_.reporter());
     ++result_.validations;
     improved = improves_searcher_metric(context_, options_, position_, result_.last_validation_metrics);
@@ -26396,15 +26751,15 @@ DETTRIAL_INLINE void FitLoop::checkpoint() {
   // Compared already when a validation ran at this batch: nothing has trained since.
   agree_on_replicas(context_, position_.batches_trained(), /*compare_parameters=*/!position_.validated_here());
   const LoaderSeeds seeds = data_seeds();
-  checkpointer_.begin(callback_hooks_, checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics,
-                                                         seeds.training, seeds.validation, facts_.trial_type));
+  checkpointer_.begin(callbacks_, checkpoint_record(context_, options_, schedule_, position_, result_.last_validation_metrics,
+                                                    seeds.training, seeds.validation, facts_.trial_type));
   finish_checkpoint(/*wait=*/false);  // a synchronous write has ended already
 }
 
 /// Once the checkpoint in flight is durable (`wait`: waiting for it): its hooks, its record and
 /// report line, and retention sparing it. A collective while one is in flight.
 DETTRIAL_INLINE void FitLoop::finish_checkpoint(bool wait) {
-  if (const std::optional<WrittenCheckpoint> written = checkpointer_.finish(callback_hooks_, wait)) {  // on the chief
+  if (const std::optional<WrittenCheckpoint> written = checkpointer_.finish(callbacks_, wait)) {  // on the chief
     result_.checkpoints.push_back(written->info);
     report_checkpoint(*written, checkpointer_, outputs_.reporter());
   }
@@ -26437,7 +26792,7 @@ DETTRIAL_INLINE std::int64_t FitLoop::agree_across_ranks(std::int64_t loader_bat
 /// Restores a checkpoint: models (names and shapes checked), optimizers, schedulers, pending
 /// gradients, RNGs, callbacks, and where the trial stands (`progress`).
 DETTRIAL_INLINE void FitLoop::restore(const std::filesystem::path& dir, const TrialProgress& progress) {
-  outputs_.warn_missing_callback_states(checkpointer_.restore(dir, callback_hooks_, options_.resume_fresh_parts));
+  outputs_.warn_missing_callback_states(checkpointer_.restore(dir, callbacks_, options_.resume_fresh_parts));
   restore_data_seeds({progress.training_data_seed, progress.validation_data_seed});
   position_.restored(progress);
 }
@@ -26447,7 +26802,7 @@ DETTRIAL_INLINE void FitLoop::restore(const std::filesystem::path& dir, const Tr
  * began on, when this job has another and its training loader can keep them (a dettrial
  * DataLoader), else this job's. Checks first that the global batch divides among this job's ranks.
  */
-DETTRIAL_INLINE std::int64_t FitLoop::data_layout() {
+DETTRIAL_INLINE std::int64_t FitLoop::data_ranks() {
   const std::int64_t ranks = context_.distributed().size;
   const std::int64_t began = position_.resumed_data_ranks() > 0 ? position_.resumed_data_ranks() : ranks;
   if (began == ranks) return ranks;
@@ -26489,12 +26844,13 @@ decltype(auto) deref(O& o) {
 /**
  * @brief The trial's half of one fit (only Trainer<TrialT> makes one, and only for a trial that
  * meets the concepts): the batch loop that calls train_batch (eagerly or as the captured step),
- * evaluate_batch, the trial's loaders and the callbacks in `Set`. The loop by boundary, and every
- * step that does not depend on the trial's type, is its base, FitLoop (compiled once), which calls
- * the overrides below once per fit, workload, validation or checkpoint.
+ * evaluate_batch, the trial's loaders and the per-epoch hooks of the callbacks in `Set`. The loop
+ * by boundary, and every step that does not depend on the trial's type, is its base, FitLoop
+ * (compiled once), which calls the overrides below once per fit, workload, validation or
+ * checkpoint, and the callbacks' other hooks through erase_callbacks(set).
  */
 template <class TrialT, class Set>
-class Run final : public FitLoop {
+class BatchLoop final : public FitLoop {
   static constexpr bool declarative = DeclaresModel<TrialT>;
 
  public:
@@ -26502,59 +26858,23 @@ class Run final : public FitLoop {
   using OptimizerHolder = std::conditional_t<declarative, optimizer_result_t<TrialT>, missing>;
 
   /// A declarative trial's model and optimizer holder; `missing` objects for the others.
-  Run(TrainerKey key, Context& context, TrialT& trial, Model& model, OptimizerHolder& optimizer, Set& callbacks)
+  BatchLoop(TrainerKey key, Context& context, TrialT& trial, Model& model, OptimizerHolder& optimizer, Set& callbacks)
       : FitLoop(key, context,
-                TrialFacts{.trial_type = c10::demangle(typeid(TrialT).name()),
-                           .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
-                           .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>(),
-                           .epochs_follow_records_per_epoch = epochs_follow_records_per_epoch()},
-                callback_hooks(callbacks)),
+                TrialTypeInfo{.trial_type = c10::demangle(typeid(TrialT).name()),
+                              .training_batch_type = c10::demangle(typeid(training_batch_t<TrialT>).name()),
+                              .training_batch_tensors_only = tensors_only_batch<training_batch_t<TrialT>>(),
+                              .epochs_follow_records_per_epoch = epochs_follow_records_per_epoch()},
+                erase_callbacks(callbacks)),
         trial_(trial),
         model_(model),
         optimizer_(optimizer),
-        callbacks_(callbacks) {}
+        callback_set_(callbacks) {}
 
  private:
   static constexpr bool epochs_follow_records_per_epoch() {
     if constexpr (requires { TrialT::epochs_follow_records_per_epoch; }) return TrialT::epochs_follow_records_per_epoch;
     else return false;
   }
-
-  // ---- callbacks -----------------------------------------------------------------------------
-
-  void start_callbacks(std::int64_t first_batch, const std::string& resume_uuid, std::size_t& started) override {
-    callbacks_.each([&](auto& cb) {
-      using C = std::remove_reference_t<decltype(cb)>;
-      if constexpr (hook::on_trial_startup::callable<C>) hook::on_trial_startup::call(cb, first_batch, resume_uuid);
-      ++started;
-    });
-  }
-
-  void shut_down_callbacks(std::size_t started) override {
-    std::size_t index = Set::size;
-    callbacks_.each_reversed([&](auto& cb) {
-      using C = std::remove_reference_t<decltype(cb)>;
-      if (index-- > started) return;
-      if constexpr (hook::on_trial_shutdown::callable<C>) {
-        try {
-          hook::on_trial_shutdown::call(cb);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "dettrial: on_trial_shutdown failed: %s\n", e.what());
-        }
-      }
-    });
-  }
-
-  void call_callbacks(LoopHook hook) override {
-    if (hook == LoopHook::training_start) callbacks_.template call<hook::on_training_start>();
-    else callbacks_.template call<hook::on_validation_start>();
-  }
-
-  void workload_ended(const MetricValues& metrics, const Workload& workload) override {
-    callbacks_.template call<hook::on_training_workload_end>(metrics, std::span<const Metrics>(workload.batch_metrics));
-  }
-
-  void validation_ended(const MetricValues& metrics) override { callbacks_.template call<hook::on_validation_end>(metrics); }
 
   // ---- the loaders ---------------------------------------------------------------------------
 
@@ -26619,11 +26939,11 @@ class Run final : public FitLoop {
   void open_training_stream() override { training_batches_.emplace(train_loader_->batches(training_chain()), context_.device()); }
   void close_training_stream() noexcept override { training_batches_.reset(); }
 
-  Reached train_workload(Workload& workload) override { return train_until_boundary(*training_batches_, workload); }
+  BoundariesReached train_workload(Workload& workload) override { return train_until_boundary(*training_batches_, workload); }
 
   /// Trains batch after batch until one reaches a boundary (or, in one process, a stop signal arrives).
   template <class Batches>
-  Reached train_until_boundary(Batches& batches, Workload& workload) {
+  BoundariesReached train_until_boundary(Batches& batches, Workload& workload) {
     step_graph_.check_unchanged();
     workload.begin(key_, context_, checkpointer_.take_waited_seconds());
     Reporter& reporter = outputs_.reporter();
@@ -26633,7 +26953,7 @@ class Run final : public FitLoop {
       const std::int64_t batch_idx = position_.batches_trained(), epoch_idx = schedule_.epoch_of(batch_idx);
       const bool epoch_start = schedule_.starts_epoch(batch_idx), epoch_end = schedule_.ends_epoch(batch_idx);
       ContextAccess::position(key_, context_).current_batch = batch_idx;
-      if (epoch_start) callbacks_.template call<hook::on_training_epoch_start>(epoch_idx);
+      if (epoch_start) callback_set_.template call<hook::on_training_epoch_start>(epoch_idx);
       if (!batches.has_next()) training_stream_ended(batch_idx);
       profiler.before_batch(batch_idx);
       // Synchronized timings only inside the profiled range: a sync a batch elsewhere would cost the GPU its queue.
@@ -26642,11 +26962,11 @@ class Run final : public FitLoop {
       if (profiler.after_batch(batch_idx)) outputs_.report_profile();
       if (outputs_.system_metrics_ready()) outputs_.report_system_metrics(position_.batches_trained(), position_.epochs_trained());
       if (epoch_end) {
-        callbacks_.template call<hook::on_training_epoch_end>(epoch_idx);
+        callback_set_.template call<hook::on_training_epoch_end>(epoch_idx);
         position_.epoch_trained();
       }
       reporter.update(position_.batches_trained());
-      const Reached reached = schedule_.boundaries_after(batch_idx, epoch_idx, epoch_end);
+      const BoundariesReached reached = schedule_.boundaries_after(batch_idx, epoch_idx, epoch_end);
       if (reached.any()) return reached;
       // One process stops at any batch (with rank_invariant, at an update's last); a job only at
       // boundaries, where its ranks agree.
@@ -26743,7 +27063,7 @@ class Run final : public FitLoop {
   RankShare evaluate() override {
     RankShare mine;
     if constexpr (DeclaresEvaluateBatch<TrialT>) {
-      callbacks_.template call<hook::on_validation_epoch_start>();
+      callback_set_.template call<hook::on_validation_epoch_start>();
       ValidationReduction reduction(evaluation_reducer());
       std::vector<Metrics> outputs;
       std::int64_t batch_idx = 0;
@@ -26758,7 +27078,7 @@ class Run final : public FitLoop {
         if (options_.test_mode) break;
         batches.stage();  // the next batch copies while the device evaluates this one
       }
-      callbacks_.template call<hook::on_validation_epoch_end>(std::span<const Metrics>(outputs));
+      callback_set_.template call<hook::on_validation_epoch_end>(std::span<const Metrics>(outputs));
       mine.totals = reduction.totals();
       mine.batches = reduction.batches();
     } else if (context_.distributed().is_chief()) {  // the whole dataset on the chief only (Determined's rule)
@@ -26808,7 +27128,7 @@ class Run final : public FitLoop {
   TrialT& trial_;
   Model& model_;
   OptimizerHolder& optimizer_;
-  Set& callbacks_;
+  Set& callback_set_;
   std::optional<training_loader_t<TrialT>> train_loader_;
   std::optional<validation_loader_t<TrialT>> validation_loader_;
   /// The training loader's endless stream, its next batch copied ahead (open during train()).
@@ -26819,7 +27139,7 @@ class Run final : public FitLoop {
 };
 
 }  // namespace dettrial::detail
-// ---- end dettrial/trainer/detail/run.hpp
+// ---- end dettrial/trainer/detail/batch_loop.hpp
 
 namespace dettrial {
 
@@ -26922,7 +27242,7 @@ class Trainer {
             return detail::CallbackSet<std::remove_reference_t<decltype(own)>..., Callbacks...>(std::tie(own..., callbacks...));
           },
           *callbacks_);
-      detail::Run<TrialT, decltype(set)> run(key_, context_, *trial_, model_or_missing(), optimizer_or_missing(), set);
+      detail::BatchLoop<TrialT, decltype(set)> run(key_, context_, *trial_, model_or_missing(), optimizer_or_missing(), set);
       return run.fit(std::move(options));
     }
   }

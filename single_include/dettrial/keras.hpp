@@ -13,7 +13,7 @@
 /// Opt-in, next to <dettrial/dettrial.hpp>.
 
 
-// ---- begin dettrial/keras/callbacks.hpp
+// ---- begin dettrial/keras/keras_callbacks.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief The Keras callbacks Keras users reach for, with Keras 3's rules: `EarlyStopping`,
@@ -714,7 +714,7 @@ DETTRIAL_INLINE void TerminateOnNaN::on_training_workload_end(const MetricValues
 }  // namespace dettrial::keras
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/keras/callbacks.hpp
+// ---- end dettrial/keras/keras_callbacks.hpp
 // ---- begin dettrial/keras/keras.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -727,7 +727,7 @@ DETTRIAL_INLINE void TerminateOnNaN::on_training_workload_end(const MetricValues
 /// `(inputs, labels)` batches); `Trainer<MyKerasTrial>` runs it through
 /// `keras::TrialAdapter`, under the same loop, checkpoints, searchers and data parallel as any trial.
 /// Training metrics are `loss` and the compiled metrics; validation metrics carry Keras's `val_`
-/// prefix (`val_loss`, `val_accuracy`). Keras's callbacks are in callbacks.hpp.
+/// prefix (`val_loss`, `val_accuracy`). Keras's callbacks are in keras_callbacks.hpp.
 
 #include <cstdint>
 #include <functional>

@@ -127,7 +127,6 @@ DETTRIAL_INLINE bool wrote_new_checkpoint(const std::vector<CheckpointInfo>& bef
 /// still running); a summary table and summary.json at the end, and report.html (the search's page,
 /// refreshed as trials end).
 
-#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cerrno>
@@ -324,6 +323,101 @@ DETTRIAL_INLINE pid_t spawn_process(const std::string& program, std::vector<std:
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/detail/process.hpp
+// ---- begin dettrial/search/trial_summary.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief dettrial::TrialSummary: one line of an experiment's summary.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <yaml-cpp/yaml.h>
+
+
+namespace dettrial {
+
+/// One line of the experiment summary.
+struct TrialSummary {
+  std::int64_t id = 0;
+  YAML::Node hparams;
+  TrialState state = TrialState::queued;
+  std::int64_t restarts = 0;
+  std::int64_t batches_trained = 0;
+  std::optional<double> best_metric;
+  std::optional<double> last_metric;
+  std::string best_checkpoint;
+};
+
+}  // namespace dettrial
+// ---- end dettrial/search/trial_summary.hpp
+// ---- begin dettrial/search/detail/event_log.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief An experiment's events.jsonl as the search runner writes and replays it: typed events,
+/// read strictly, each error naming the file and the line.
+
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace dettrial::detail {
+
+/// An event of the log and its line's text, for messages.
+struct LoggedEvent {
+  SearchEvent event;
+  std::string line;
+};
+
+/// events.jsonl: what the searcher was told, in order, so that a second runner replays it.
+class EventLog {
+ public:
+  explicit EventLog(std::filesystem::path path) : file_(std::move(path)) {}
+  const std::filesystem::path& path() const { return file_.path(); }
+
+  void append(const SearchEvent& event) const;
+
+  /// Cuts a torn last line (a runner killed while writing it) off, so that this runner's first
+  /// event is not appended to it and lost with it; true when it cut one.
+  bool cut_torn_line() const { return file_.cut_torn_line(); }
+
+  /// The events, in order (none when there is no log). A torn last line is left out; a damaged line
+  /// before it, or an event that lacks a field or has one of the wrong type, is an Error naming the
+  /// file and quoting the line.
+  std::vector<LoggedEvent> read() const;
+
+ private:
+  JsonlFile file_;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void EventLog::append(const SearchEvent& event) const { file_.append(event.to_json()); }
+
+DETTRIAL_INLINE std::vector<LoggedEvent> EventLog::read() const {
+  std::vector<LoggedEvent> events;
+  if (!std::filesystem::exists(path())) return events;
+  for (const Json& j : file_.read()) {
+    std::string line = j.dump(-1, ' ', false, Json::error_handler_t::replace);
+    try {
+      events.push_back({SearchEvent::from_json(j), std::move(line)});
+    } catch (const JsonFieldError& err) {
+      throw Error("'" + path().string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() + "): " + line);
+    }
+  }
+  return events;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/search/detail/event_log.hpp
 // ---- begin dettrial/search/detail/slurm.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -523,25 +617,236 @@ DETTRIAL_INLINE std::map<std::int64_t, SlurmJob> SlurmCluster::newest_job_per_tr
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/search/detail/slurm.hpp
+// ---- begin dettrial/search/detail/summary.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The end of an experiment: its retention over all trials' checkpoints, and the summary table.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief Determined's garbage collection at the end of an experiment: a checkpoint of the trials in
+ * `trials` goes when it is neither among the experiment's `save_experiment_best` nor its trial's
+ * `save_trial_best` (by the searcher metric), nor among its trial's `save_trial_latest`.
+ */
+DETTRIAL_INLINE void apply_experiment_retention(const ExperimentConfig& config, const std::vector<RunFolder>& trials);
+
+/// The table printed at the end: a row per trial (`metric` the searcher metric's name), then the
+/// best trial's checkpoint when there is one.
+DETTRIAL_INLINE std::string summary_table(const std::map<std::int64_t, TrialSummary>& trials, const std::string& metric,
+                                          std::optional<std::int64_t> best_trial);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cstdio>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void apply_experiment_retention(const ExperimentConfig& config, const std::vector<RunFolder>& trials) {
+  const auto& storage = config.checkpoint_storage;
+  if (storage.save_experiment_best == 0) return;  // the trials applied their own retention already
+  const MetricOrder order = config.searcher.order();
+  std::vector<CheckpointInfo> ranked;
+  std::map<std::string, std::int64_t> trial_best_keep;  // uuid -> kept by its trial's rules
+  for (const RunFolder& trial : trials) {
+    const auto all = list_checkpoints(trial.checkpoints());
+    for (const auto& c :
+         checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
+                               config.searcher.smaller_is_better))
+      trial_best_keep[c.uuid] = 0;  // candidates for deletion
+    for (const auto& c : all)
+      if (c.validation_metric) ranked.push_back(c);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(), [&](const CheckpointInfo& a, const CheckpointInfo& b) {
+    return order.better(*a.validation_metric, *b.validation_metric);
+  });
+  for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < storage.save_experiment_best; ++k)
+    trial_best_keep.erase(ranked[k].uuid);  // among the experiment's best: kept
+  for (const RunFolder& trial : trials)
+    for (const auto& c : list_checkpoints(trial.checkpoints()))
+      if (trial_best_keep.count(c.uuid)) delete_checkpoint(c);
+}
+
+DETTRIAL_INLINE std::string summary_table(const std::map<std::int64_t, TrialSummary>& trials, const std::string& metric,
+                                          std::optional<std::int64_t> best_trial) {
+  std::string table = "\n trial  state           batches  restarts  best " + metric + "  last  hyperparameters\n";
+  for (const auto& [id, t] : trials) {
+    char row[160];
+    std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
+                  static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
+                  t.best_metric ? std::to_string(*t.best_metric).c_str() : "-",
+                  t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
+    table += row + one_line(t.hparams) + "\n";
+  }
+  if (best_trial) table += " best: trial " + std::to_string(*best_trial) + ", checkpoint " + trials.at(*best_trial).best_checkpoint + "\n";
+  return table;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/search/detail/summary.hpp
+// ---- begin dettrial/search/detail/trial_launch.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a search's trial runs as: its own experiment config in its folder, and its command line.
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief Trial `r`'s own experiment config: the experiment's, with the trial's hyperparameters as
+ * values, one trial of its length (the single searcher), its seed, and checkpoint storage in its
+ * folder that keeps what a restart and the experiment's retention need.
+ */
+DETTRIAL_INLINE YAML::Node trial_config(const ExperimentConfig& experiment, const TrialRequest& r, const RunFolder& folder);
+
+/**
+ * @brief The command line of `program` (dettrial::main's) that trains the trial in `folder` from its
+ * config: resumed from its latest checkpoint when it has one, from the folder when an attempt failed
+ * before its first (main then starts afresh there). `--max-restarts 0`: the runner restarts a
+ * search's trials (one RestartPolicy count over a trial's life), not the trial's own process.
+ */
+DETTRIAL_INLINE std::vector<std::string> trial_arguments(const std::filesystem::path& program, const RunFolder& folder);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE YAML::Node trial_config(const ExperimentConfig& experiment, const TrialRequest& r, const RunFolder& folder) {
+  YAML::Node doc = YAML::Clone(experiment.yaml);
+  doc["hyperparameters"] = YAML::Clone(r.hparams);
+  const SearcherSettings& settings = experiment.searcher;
+  YAML::Node searcher(YAML::NodeType::Map);
+  searcher["name"] = std::string(to_string(SearcherKind::single));
+  searcher["metric"] = settings.metric;
+  searcher["smaller_is_better"] = settings.smaller_is_better;
+  const std::string unit = settings.kind == SearcherKind::adaptive_asha ? settings.time_metric
+                           : settings.max_length                        ? std::string(to_string(settings.max_length->unit()))
+                                                                        : std::string("batches");
+  searcher["max_length"][unit] = r.max_length;
+  doc["searcher"] = searcher;
+  doc["reproducibility"]["experiment_seed"] = r.seed;
+  doc.remove("checkpoint_storage");
+  const auto& kept = experiment.checkpoint_storage;
+  YAML::Node storage(YAML::NodeType::Map);
+  storage["type"] = "shared_fs";
+  storage["host_path"] = folder.checkpoints().string();
+  // The experiment's best are chosen among the trials' best, so each trial keeps its best until then.
+  storage["save_trial_best"] = std::max<std::int64_t>(kept.save_trial_best, kept.save_experiment_best > 0 ? 1 : 0);
+  storage["save_trial_latest"] = std::max<std::int64_t>(kept.save_trial_latest, 1);  // restarts need one
+  storage["async"] = kept.async;
+  doc["checkpoint_storage"] = storage;
+  return doc;
+}
+
+DETTRIAL_INLINE std::vector<std::string> trial_arguments(const std::filesystem::path& program, const RunFolder& folder) {
+  std::vector<std::string> args = {program.string(),    "--config", folder.config().string(), "--output",
+                                   folder.dir.string(), "--quiet",  "--max-restarts",         "0"};
+  if (!list_checkpoints(folder.checkpoints()).empty()) {
+    args.emplace_back("--resume");
+    args.push_back(folder.checkpoints().string());
+  } else if (std::filesystem::exists(folder.metrics_log())) {
+    // A restart before any checkpoint: the folder without one makes main start afresh there,
+    // dropping the failed attempt's metrics and TensorBoard events first.
+    args.emplace_back("--resume");
+    args.push_back(folder.dir.string());
+  }
+  return args;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/search/detail/trial_launch.hpp
+// ---- begin dettrial/search/detail/validation_tail.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief A running trial's validations, read from its metrics.jsonl as the trial appends them.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace dettrial::detail {
+
+/// A validation record of a trial's metrics.jsonl, as the searcher reads it.
+struct TrialValidation {
+  std::int64_t batches = 0;
+  /// The searcher metric (nullopt when the record lacks it, or holds null: a NaN).
+  std::optional<double> metric;
+  /// The searcher's time metric (the batches when the record lacks it).
+  double time = 0;
+};
+
+/// Follows one trial's metrics.jsonl (a resumed trial rewrites it: it is then read from the start).
+class ValidationTail {
+ public:
+  /// The validation records appended to `metrics_log` since the last call, in order, with the
+  /// searcher metric `metric` and the time metric `time_metric`.
+  std::vector<TrialValidation> read_new(const std::filesystem::path& metrics_log, const std::string& metric,
+                                        const std::string& time_metric);
+
+ private:
+  JsonlTail tail_;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::vector<TrialValidation> ValidationTail::read_new(const std::filesystem::path& metrics_log, const std::string& metric,
+                                                                      const std::string& time_metric) {
+  const auto number = [](const Json* metrics, const std::string& name) -> std::optional<double> {
+    const Json* value = metrics ? json_find(*metrics, name) : nullptr;
+    if (!value || !value->is_number()) return std::nullopt;
+    return value->get<double>();
+  };
+  std::vector<TrialValidation> out;
+  for (const Json& record : tail_.read_new(metrics_log)) {
+    const Json* type = json_find(record, "type");
+    if (!type || !type->is_string() || type->get_ref<const std::string&>() != "validation") continue;
+    const auto batches = MetricsLog::batches_of_record(record);
+    if (!batches) continue;
+    const Json* metrics = json_find(record, "metrics");
+    out.push_back({.batches = *batches,
+                   .metric = number(metrics, metric),
+                   .time = number(metrics, time_metric).value_or(static_cast<double>(*batches))});
+  }
+  return out;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/search/detail/validation_tail.hpp
 
 namespace dettrial {
-
-/// How a trial of an experiment ended (or where it stands).
-enum class TrialState { queued, running, completed, stopped_by_searcher, errored, interrupted };
-
-DETTRIAL_INLINE const char* to_string(TrialState s);
-
-/// One line of the experiment summary.
-struct TrialSummary {
-  std::int64_t id = 0;
-  YAML::Node hparams;
-  TrialState state = TrialState::queued;
-  std::int64_t restarts = 0;
-  std::int64_t batches_trained = 0;
-  std::optional<double> best_metric;
-  std::optional<double> last_metric;
-  std::string best_checkpoint;
-};
 
 /// Where a search's trials run.
 enum class TrialLauncher {
@@ -561,13 +866,6 @@ struct ExperimentOptions {
   TrialLauncher launcher = TrialLauncher::local;
 };
 
-}  // namespace dettrial
-
-namespace dettrial::detail {
-DETTRIAL_INLINE std::string one_line(const YAML::Node& node);
-}  // namespace dettrial::detail
-
-namespace dettrial {
 /**
  * @brief An experiment: a searcher, its trials as child processes, and the record that lets it
  * resume. `run()` returns 0 when every trial completed or was stopped by the searcher, 1 when some
@@ -575,6 +873,11 @@ namespace dettrial {
  * and 78 (exit_status_config_error) when a trial's configuration was wrong: that error would repeat
  * in every trial, so the search stops at the first one (other trials checkpoint and stop), prints
  * it, and continues when the same command runs again after the fix.
+ *
+ * Its parts, by concern: the event log (search/detail/event_log.hpp, replayed here), the trials'
+ * configs and command lines (search/detail/trial_launch.hpp), Slurm (search/detail/slurm.hpp), the
+ * trials' validations (search/detail/validation_tail.hpp), retention and the summary table
+ * (search/detail/summary.hpp); this class decides and keeps the record.
  */
 class Experiment {
  public:
@@ -600,10 +903,8 @@ class Experiment {
     /// An adopted trial's Slurm job id.
     std::int64_t slurm_job = 0;
     bool stop_sent = false;
-    /// How far metrics.jsonl has been read, in the file with this inode (a resumed trial rewrites
-    /// the file without the records past its checkpoint: then it is read again from the start).
-    std::uintmax_t metrics_offset = 0;
-    ino_t metrics_inode = 0;
+    /// Its metrics.jsonl, read as the trial appends to it.
+    detail::ValidationTail validations;
     /// The trial's checkpoints when this runner started the attempt (none known for an adopted
     /// job): whether a failed attempt made progress, for RestartPolicy.
     std::optional<std::vector<CheckpointInfo>> checkpoints_at_start;
@@ -624,6 +925,17 @@ class Experiment {
     /// The last Slurm job whose end events.jsonl records (a restart or the end).
     std::optional<std::int64_t> handled_job;
   };
+
+  // ---- a run from its start to its exit status --------------------------------------------------
+
+  /// What the folder holds, continued: a torn last event cut off, the log replayed, the MLflow run
+  /// started, Slurm jobs adopted, a trial whose stop the log records ended.
+  void continue_from_folder();
+  /// After a signal or a trial's configuration error: the trials stopped, the summary, the status.
+  int stop_early();
+  /// When every trial ended: retention, the summary and report, the status.
+  int finish();
+
   /// The ids of the running trials, in order (a copy: ending one changes the records).
   std::vector<std::int64_t> running_ids() const;
   std::size_t running_count() const;
@@ -642,6 +954,8 @@ class Experiment {
   /// adopted (watched through scontrol, stopped with scancel) instead of started a second time into
   /// the same folder; one whose job ended meanwhile ends as that job did.
   void adopt_slurm_jobs();
+  /// Adopts `job` as trial `id`'s attempt when the log leaves it to run; true when the job has ended.
+  bool adopt_slurm_job(std::int64_t id, const detail::SlurmJob& job);
 
   /// An adopted trial's job that ended: handled as a child's exit. Asks Slurm at most once a second.
   void reap_adopted(bool interrupting);
@@ -657,16 +971,11 @@ class Experiment {
 
   /// The config's searcher settings, once a searcher that trains for `max_length` has one.
   static const SearcherSettings& checked_searcher(const ExperimentConfig& c);
-  void log_event(const detail::Json& event);
-
-  /// A torn last line of events.jsonl (a runner killed while writing it) cut off, so that this
-  /// runner's first event is not appended to it and lost with it.
-  void cut_torn_event();
-  /// One event of the log, replayed; `line` is its text, for messages.
-  void replay_event(const detail::Json& e, const std::string& line);
+  detail::EventLog events() const { return detail::EventLog(folder().events_log()); }
+  void log_event(const SearchEvent& event) const { events().append(event); }
+  /// One event of the log, replayed.
+  void replay_event(const detail::LoggedEvent& logged);
   bool replayed_ = false;
-
-  static TrialState state_from(const std::string& s);
 
   void add_trial(TrialRequest r);
 
@@ -674,15 +983,11 @@ class Experiment {
 
   // ---- trials as processes ---------------------------------------------------------------------
 
-  /// The trial's own experiment config: its hyperparameters as values, one trial, its length, seed and storage.
-  void write_trial_config(const TrialRequest& r) const;
-
   void launch_queued();
 
   void launch(std::int64_t id);
-
-  /// Reads the trials' new validation records and lets the searcher decide on each.
-  void poll_metrics();
+  /// Trial `id`'s command line and environment, as a local process or a Slurm job.
+  detail::TrialCommand trial_command(std::int64_t id) const;
 
   void reap(bool interrupting);
 
@@ -692,6 +997,12 @@ class Experiment {
   /// job's end was handled).
   void trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job = 0,
                    const std::optional<std::vector<CheckpointInfo>>& checkpoints_at_start = std::nullopt);
+  /// A failed attempt of trial `id` queued again from its latest checkpoint (true), or, when
+  /// RestartPolicy refuses, the trial ERRORED (false).
+  bool restart_after_failure(std::int64_t id, int status, std::int64_t slurm_job,
+                             const std::optional<std::vector<CheckpointInfo>>& checkpoints_at_start);
+  /// The first trial configuration error: the trial's error line, and where its config came from.
+  std::string config_error_text(std::int64_t id) const;
 
   /// The last `error: ...` line of a trial's log (what its program printed before it exited), or
   /// empty (a trial killed by a signal prints none).
@@ -699,15 +1010,18 @@ class Experiment {
   /// How the trial's process ended and its error line: "exit status 1: error: ...".
   std::string describe_failure(std::int64_t id, int status) const;
 
+  // ---- the searcher's decisions ------------------------------------------------------------------
+
+  /// Reads the running trials' new validation records and lets the searcher decide on each.
+  void poll_metrics();
+  /// The searcher told of trial `id`'s validation `v` (its metric present), the event logged, and
+  /// the trial stopped when the searcher says so.
+  void tell_searcher(std::int64_t id, TrialRecord& trial, const detail::TrialValidation& v);
+
+  // ---- the summary -------------------------------------------------------------------------------
+
   /// Batches trained and the best checkpoint, from the trial's folder.
   void refresh_from_disk(TrialSummary& t) const;
-
-  /**
-   * @brief Determined's garbage collection at the end of an experiment: a checkpoint goes when it is
-   * neither among the experiment's `save_experiment_best` nor its trial's `save_trial_best` (by the
-   * searcher metric), nor among its trial's `save_trial_latest`.
-   */
-  void apply_experiment_retention();
 
   /// The searcher metric's direction: the one "better" rule (dettrial::MetricOrder).
   MetricOrder order() const { return config_.searcher.order(); }
@@ -719,6 +1033,8 @@ class Experiment {
   /// What summary.json holds, from what this runner knows now (without reading checkpoints, which
   /// running trials may be writing or deleting).
   detail::Json summary_json() const;
+  /// The trial with the best metric so far.
+  std::optional<std::int64_t> best_trial() const;
 
   /// Writes report.html: the search's page and the pages of the trials whose metrics changed (at
   /// the end, from summary.json, and its path printed). A page that cannot be written is one
@@ -766,32 +1082,6 @@ class Experiment {
 
 namespace dettrial {
 
-DETTRIAL_INLINE const char* to_string(TrialState s) {
-  switch (s) {
-    case TrialState::queued: return "QUEUED";
-    case TrialState::running: return "RUNNING";
-    case TrialState::completed: return "COMPLETED";
-    case TrialState::stopped_by_searcher: return "STOPPED_EARLY";
-    case TrialState::errored: return "ERRORED";
-    case TrialState::interrupted: return "INTERRUPTED";
-  }
-  return "?";
-}
-
-}  // namespace dettrial
-
-namespace dettrial::detail {
-
-DETTRIAL_INLINE std::string one_line(const YAML::Node& node) {
-  YAML::Emitter out;
-  out << YAML::Flow << node;
-  return out.c_str();
-}
-
-}  // namespace dettrial::detail
-
-namespace dettrial {
-
 DETTRIAL_INLINE const SearcherSettings& Experiment::checked_searcher(const ExperimentConfig& c) {
   if (c.searcher.kind != SearcherKind::adaptive_asha && !c.searcher.max_length)
     throw ConfigError(c.source + ": searcher '" + std::string(c.searcher.name()) + "' needs searcher.max_length, e.g. {batches: 1000}");
@@ -813,18 +1103,31 @@ DETTRIAL_INLINE Experiment::Experiment(ExperimentConfig config, ExperimentOption
   }
 }
 
+// ---- a run from its start to its exit status ----------------------------------------------------
+
 DETTRIAL_INLINE int Experiment::run() {
-  namespace fs = std::filesystem;
   // One runner per experiment folder; each trial's process locks its own run folder.
   const detail::FolderLock lock = detail::FolderLock::acquire(folder().lock(), "experiment folder");
-  fs::create_directories(folder().trials());
+  std::filesystem::create_directories(folder().trials());
   experiment_id_ = experiment_id_in(options_.output_dir);
   if (slurm_) slurm_->set_experiment(experiment_id_);
   detail::supervisor_signal.store(0);
   detail::supervisor_signal_count.store(0);
   const detail::SignalHandlers handlers(&detail::dettrial_on_supervisor_signal);
+  continue_from_folder();
+  while (true) {
+    if (detail::supervisor_signal_count.load() != 0 || config_error_) return stop_early();
+    launch_queued();
+    if (running_count() == 0 && queue_.empty()) return finish();
+    poll_metrics();
+    reap(false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
 
-  cut_torn_event();
+DETTRIAL_INLINE void Experiment::continue_from_folder() {
+  if (events().cut_torn_line())
+    say("dettrial: the last line of " + events().path().string() + " was torn (a runner killed while writing it); it is dropped");
   replay();
   start_mlflow();
   if (slurm_) adopt_slurm_jobs();
@@ -835,33 +1138,34 @@ DETTRIAL_INLINE int Experiment::run() {
       queue_.erase(std::find(queue_.begin(), queue_.end(), id));
       trial_ended(id, detail::wait_status_exited(detail::exit_status_interrupted_value), /*stop_sent=*/true, /*interrupting=*/false);
     }
-  while (true) {
-    if (detail::supervisor_signal_count.load() != 0 || config_error_) {
-      stop_running_trials();
-      write_summary();
-      refresh_report(/*at_end=*/true);
-      if (config_error_) {
-        std::fprintf(stderr,
-                     "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
-                     "dettrial: fix it and run the same command again to continue the experiment\n",
-                     static_cast<long long>(config_error_->first), config_error_->second.c_str());
-        end_mlflow(detail::MlflowEnd::failed);
-        return detail::exit_status_config_value;
-      }
-      end_mlflow(detail::MlflowEnd::killed);
-      say("dettrial: experiment interrupted; run the same command again to continue it");
-      return detail::exit_status_interrupted_value;
-    }
-    launch_queued();
-    if (running_count() == 0 && queue_.empty()) break;
-    poll_metrics();
-    reap(false);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+DETTRIAL_INLINE int Experiment::stop_early() {
+  stop_running_trials();
+  write_summary();
+  refresh_report(/*at_end=*/true);
+  if (config_error_) {
+    std::fprintf(stderr,
+                 "dettrial: the search stopped: trial %lld's configuration is wrong, and every trial would fail the same way:\n%s\n"
+                 "dettrial: fix it and run the same command again to continue the experiment\n",
+                 static_cast<long long>(config_error_->first), config_error_->second.c_str());
+    end_mlflow(detail::MlflowEnd::failed);
+    return detail::exit_status_config_value;
   }
+  end_mlflow(detail::MlflowEnd::killed);
+  say("dettrial: experiment interrupted; run the same command again to continue it");
+  return detail::exit_status_interrupted_value;
+}
+
+DETTRIAL_INLINE int Experiment::finish() {
   // What each trial trained, before the experiment's retention deletes checkpoints (also of trials
   // that ended under an earlier runner, which this one knows only from their folders).
-  for (auto& [id, r] : records_) refresh_from_disk(r.summary);
-  apply_experiment_retention();
+  std::vector<RunFolder> trial_folders;
+  for (auto& [id, r] : records_) {
+    refresh_from_disk(r.summary);
+    trial_folders.push_back(trial_folder(id));
+  }
+  detail::apply_experiment_retention(config_, trial_folders);
   write_summary();
   refresh_report(/*at_end=*/true);
   const auto failed = std::ranges::count_if(records_, [](const auto& kv) { return kv.second.summary.state == TrialState::errored; });
@@ -905,45 +1209,49 @@ DETTRIAL_INLINE void Experiment::stop_running_trials() {
   }
 }
 
+// ---- Slurm: jobs adopted from an earlier runner ---------------------------------------------------
+
 DETTRIAL_INLINE void Experiment::adopt_slurm_jobs() {
   const auto jobs = slurm_->jobs(options_.output_dir);
   if (!jobs)
     throw Error(
         "--launcher slurm: 'scontrol show job' failed, so this runner cannot tell which of the experiment's trials still run as Slurm "
-        "jobs; "
-        "is the cluster up (sinfo)?");
+        "jobs; is the cluster up (sinfo)?");
   std::vector<std::int64_t> ended;
-  for (const auto& [id, job] : detail::SlurmCluster::newest_job_per_trial(*jobs)) {
-    const auto queued = std::find(queue_.begin(), queue_.end(), id);
-    if (queued == queue_.end()) continue;  // ended in the event log: its job is history
-    // A job whose end the log records (a restart logged, the runner killed before the next job
-    // started): the trial is queued again, as the log says.
-    TrialRecord& record = records_.at(id);
-    if (record.handled_job == job.id) continue;
-    queue_.erase(queued);
-    Running run;
-    run.slurm_job = job.id;
-    run.stop_sent = record.stop_logged;
-    record.running = run;
-    record.summary.state = TrialState::running;
-    if (detail::slurm_job_ended(job.state)) {
-      say("[experiment] trial " + std::to_string(id) + "'s Slurm job " + std::to_string(job.id) + " ended while no runner watched it (" +
-          job.state + ")");
-      ended.push_back(id);
-    } else {
-      say("[experiment] trial " + std::to_string(id) + ": adopting its Slurm job " + std::to_string(job.id) + " (" + job.state +
-          ") from an earlier runner");
-    }
-  }
+  for (const auto& [id, job] : detail::SlurmCluster::newest_job_per_trial(*jobs))
+    if (adopt_slurm_job(id, job)) ended.push_back(id);
   // The validations the searcher has not heard of yet (those after the earlier runner stopped
   // reading), in the order of the trials; then the ended jobs end as they did (a failure restarts
   // the trial from its checkpoint).
   poll_metrics();
   for (const std::int64_t id : ended) {
-    const Running run = *records_.at(id).running;
+    const std::int64_t job = records_.at(id).running->slurm_job;
+    const bool stop_sent = records_.at(id).running->stop_sent;
     records_.at(id).running.reset();
-    trial_ended(id, jobs->at(run.slurm_job).status, run.stop_sent, /*interrupting=*/false, run.slurm_job);
+    trial_ended(id, jobs->at(job).status, stop_sent, /*interrupting=*/false, job);
   }
+}
+
+DETTRIAL_INLINE bool Experiment::adopt_slurm_job(std::int64_t id, const detail::SlurmJob& job) {
+  const auto queued = std::find(queue_.begin(), queue_.end(), id);
+  if (queued == queue_.end()) return false;  // ended in the event log: its job is history
+  // A job whose end the log records (a restart logged, the runner killed before the next job
+  // started): the trial is queued again, as the log says.
+  TrialRecord& record = records_.at(id);
+  if (record.handled_job == job.id) return false;
+  queue_.erase(queued);
+  Running run;
+  run.slurm_job = job.id;
+  run.stop_sent = record.stop_logged;
+  record.running = std::move(run);
+  record.summary.state = TrialState::running;
+  const std::string trial = "[experiment] trial " + std::to_string(id);
+  if (detail::slurm_job_ended(job.state)) {
+    say(trial + "'s Slurm job " + std::to_string(job.id) + " ended while no runner watched it (" + job.state + ")");
+    return true;
+  }
+  say(trial + ": adopting its Slurm job " + std::to_string(job.id) + " (" + job.state + ") from an earlier runner");
+  return false;
 }
 
 DETTRIAL_INLINE void Experiment::reap_adopted(bool interrupting) {
@@ -961,21 +1269,22 @@ DETTRIAL_INLINE void Experiment::reap_adopted(bool interrupting) {
         run.pid < 0 && (leave || !jobs->count(run.slurm_job) || detail::slurm_job_ended(jobs->at(run.slurm_job).state)))
       ended.push_back(id);
   for (const std::int64_t id : ended) {
-    const Running run = *records_.at(id).running;
+    const std::int64_t job = records_.at(id).running->slurm_job;
+    const bool stop_sent = records_.at(id).running->stop_sent;
     poll_metrics();  // its last records
     records_.at(id).running.reset();
-    const std::string job = "Slurm job " + std::to_string(run.slurm_job);
+    const std::string trial = "[experiment] trial " + std::to_string(id), name = "Slurm job " + std::to_string(job);
     if (leave) {
       records_.at(id).summary.state = TrialState::interrupted;
-      say("[experiment] trial " + std::to_string(id) + ": left its " + job + " running (Slurm does not answer)");
-    } else if (!jobs->count(run.slurm_job)) {
+      say(trial + ": left its " + name + " running (Slurm does not answer)");
+    } else if (!jobs->count(job)) {
       // The controller forgot the job (restarted without its state): how it ended is unknown, so
       // the trial resumes from its latest checkpoint (a completed one ends at once), not counted
       // as a restart.
-      say("[experiment] trial " + std::to_string(id) + "'s " + job + " is no longer known to Slurm; it resumes from its latest checkpoint");
+      say(trial + "'s " + name + " is no longer known to Slurm; it resumes from its latest checkpoint");
       queue_.push_back(id);
     } else {
-      trial_ended(id, jobs->at(run.slurm_job).status, run.stop_sent, interrupting, run.slurm_job);
+      trial_ended(id, jobs->at(job).status, stop_sent, interrupting, job);
     }
   }
 }
@@ -1005,88 +1314,47 @@ DETTRIAL_INLINE std::int64_t Experiment::experiment_id_in(const std::filesystem:
   return id;
 }
 
-DETTRIAL_INLINE void Experiment::log_event(const detail::Json& event) {
-  std::ofstream(folder().events_log(), std::ios::app) << detail::json_line(event);
-}
-
-DETTRIAL_INLINE void Experiment::cut_torn_event() {
-  const auto events_path = folder().events_log();
-  std::ifstream whole(events_path, std::ios::binary);
-  if (!whole) return;
-  const std::string text((std::istreambuf_iterator<char>(whole)), std::istreambuf_iterator<char>());
-  if (text.empty() || text.back() == '\n') return;
-  const auto keep = text.rfind('\n');
-  std::filesystem::resize_file(events_path, keep == std::string::npos ? 0 : keep + 1);
-  say("dettrial: the last line of " + events_path.string() + " was torn (a runner killed while writing it); it is dropped");
-}
+// ---- the event log --------------------------------------------------------------------------------
 
 DETTRIAL_INLINE void Experiment::replay() {
   if (replayed_) return;
   replayed_ = true;
-  std::vector<TrialRequest> first = std::visit([](auto& s) { return s.initial(); }, searcher_);
-  for (auto& r : first) add_trial(std::move(r));
-  const auto events_path = folder().events_log();
-  if (!std::filesystem::exists(events_path)) return;
+  for (auto& r : std::visit([](auto& s) { return s.initial(); }, searcher_)) add_trial(std::move(r));
   // The searcher is deterministic given its seed and the same events in the same order.
-  std::int64_t replayed = 0;
-  for (const detail::Json& e : detail::read_jsonl(events_path)) {
-    const std::string line = e.dump(-1, ' ', false, detail::Json::error_handler_t::replace);
-    try {
-      replay_event(e, line);
-    } catch (const detail::JsonFieldError& err) {
-      throw Error("'" + events_path.string() + "' has an event that lacks a field or has one of the wrong type (" + err.what() +
-                  "): " + line);
-    }
-    ++replayed;
-  }
-  if (replayed > 0)
-    say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(replayed) + " events)");
+  const std::vector<detail::LoggedEvent> logged = events().read();
+  for (const detail::LoggedEvent& e : logged) replay_event(e);
+  if (!logged.empty())
+    say("dettrial: continuing the experiment in " + options_.output_dir.string() + " (" + std::to_string(logged.size()) + " events)");
 }
 
-DETTRIAL_INLINE void Experiment::replay_event(const detail::Json& e, const std::string& line) {
-  const auto get = [&e](const char* key) -> const detail::Json& { return detail::json_field(e, key); };
-  const auto id = detail::json_as<std::int64_t>(get("trial"), "trial");
-  const auto kind = detail::json_as<std::string>(get("event"), "event");
+DETTRIAL_INLINE void Experiment::replay_event(const detail::LoggedEvent& logged) {
+  const SearchEvent& e = logged.event;
   // Only the trials this searcher, from this seed, created: an event of another is from another
   // experiment's log (or another searcher's, or seed's), and the searcher would be told of a trial
   // it never made.
-  const auto found = records_.find(id);
+  const auto found = records_.find(e.trial);
   if (found == records_.end())
-    throw Error("'" + folder().events_log().string() + "' has an event of trial " + std::to_string(id) +
-                ", which this experiment's searcher did not create (the log of another experiment, searcher or seed?): " + line);
+    throw Error("'" + events().path().string() + "' has an event of trial " + std::to_string(e.trial) +
+                ", which this experiment's searcher did not create (the log of another experiment, searcher or seed?): " + logged.line);
   TrialRecord& record = found->second;
-  if (kind == "validation") {
-    const double metric = detail::json_as<double>(get("metric"), "metric");
-    const double time = detail::json_as<double>(get("time"), "time");
-    std::visit([&](auto& s) { s.on_validation(id, metric, time); }, searcher_);
-    record_metric(record.summary, metric);
-    if (const detail::Json* b = detail::json_find(e, "batches"))
-      record.validated_batches = std::max(record.validated_batches.value_or(0), detail::json_as<std::int64_t>(*b, "batches"));
-    if (const detail::Json* r = detail::json_find(e, "rung")) {
-      const auto rung = detail::json_as<std::int64_t>(*r, "rung");
-      record.rung = std::max(record.rung.value_or(rung), rung);
-    }
-    if (const detail::Json* stopped = detail::json_find(e, "stopped"); stopped && stopped->is_boolean() && stopped->get<bool>())
-      record.stop_logged = true;
-  } else if (kind == "end") {
+  if (const auto* v = std::get_if<SearchEvent::Validation>(&e.what)) {
+    std::visit([&](auto& s) { s.on_validation(e.trial, v->metric, v->time); }, searcher_);
+    record_metric(record.summary, v->metric);
+    if (v->batches) record.validated_batches = std::max(record.validated_batches.value_or(0), *v->batches);
+    if (v->rung) record.rung = std::max(record.rung.value_or(*v->rung), *v->rung);
+    record.stop_logged = record.stop_logged || v->stopped;
+  } else if (const auto* end = std::get_if<SearchEvent::End>(&e.what)) {
     // Told twice that a trial ended, a searcher would create its successors twice.
-    if (std::find(queue_.begin(), queue_.end(), id) == queue_.end())
-      throw Error("'" + folder().events_log().string() + "' ends trial " + std::to_string(id) + " a second time: " + line);
-    TrialSummary& t = record.summary;
-    t.state = state_from(detail::json_as<std::string>(get("state"), "state"));
-    t.restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
-    queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
-    for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
-  } else if (kind == "restart") {
-    record.summary.restarts = detail::json_as<std::int64_t>(get("restarts"), "restarts");
+    if (std::find(queue_.begin(), queue_.end(), e.trial) == queue_.end())
+      throw Error("'" + events().path().string() + "' ends trial " + std::to_string(e.trial) + " a second time: " + logged.line);
+    record.summary.state = end->state;
+    record.summary.restarts = end->restarts;
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), e.trial), queue_.end());
+    for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(e.trial); }, searcher_)) add_trial(std::move(r));
+  } else {
+    record.summary.restarts = std::get<SearchEvent::Restart>(e.what).restarts;
   }
-  if (const detail::Json* job = detail::json_find(e, "slurm_job")) record.handled_job = detail::json_as<std::int64_t>(*job, "slurm_job");
-}
-
-DETTRIAL_INLINE TrialState Experiment::state_from(const std::string& s) {
-  for (auto st : {TrialState::completed, TrialState::stopped_by_searcher, TrialState::errored})
-    if (s == to_string(st)) return st;
-  return TrialState::errored;
+  if (e.slurm_job) record.handled_job = *e.slurm_job;
 }
 
 DETTRIAL_INLINE void Experiment::add_trial(TrialRequest r) {
@@ -1101,35 +1369,10 @@ DETTRIAL_INLINE void Experiment::add_trial(TrialRequest r) {
 
 DETTRIAL_INLINE void Experiment::record_metric(TrialSummary& t, double metric) {
   t.last_metric = metric;
-  const bool better = order().improves(metric, t.best_metric);
-  if (better) t.best_metric = metric;
+  if (order().improves(metric, t.best_metric)) t.best_metric = metric;
 }
 
-DETTRIAL_INLINE void Experiment::write_trial_config(const TrialRequest& r) const {
-  YAML::Node doc = YAML::Clone(config_.yaml);
-  doc["hyperparameters"] = YAML::Clone(r.hparams);
-  YAML::Node searcher(YAML::NodeType::Map);
-  searcher["name"] = std::string(to_string(SearcherKind::single));
-  searcher["metric"] = config_.searcher.metric;
-  searcher["smaller_is_better"] = config_.searcher.smaller_is_better;
-  const std::string unit = config_.searcher.kind == SearcherKind::adaptive_asha ? config_.searcher.time_metric
-                           : config_.searcher.max_length ? std::string(to_string(config_.searcher.max_length->unit()))
-                                                         : std::string("batches");
-  searcher["max_length"][unit] = r.max_length;
-  doc["searcher"] = searcher;
-  doc["reproducibility"]["experiment_seed"] = r.seed;
-  doc.remove("checkpoint_storage");
-  YAML::Node storage(YAML::NodeType::Map);
-  storage["type"] = "shared_fs";
-  storage["host_path"] = trial_folder(r.id).checkpoints().string();
-  // The experiment's best are chosen among the trials' best, so each trial keeps its best until then.
-  storage["save_trial_best"] =
-      std::max<std::int64_t>(config_.checkpoint_storage.save_trial_best, config_.checkpoint_storage.save_experiment_best > 0 ? 1 : 0);
-  storage["save_trial_latest"] = std::max<std::int64_t>(config_.checkpoint_storage.save_trial_latest, 1);  // restarts need one
-  storage["async"] = config_.checkpoint_storage.async;
-  doc["checkpoint_storage"] = storage;
-  std::ofstream(trial_folder(r.id).config()) << doc << "\n";
-}
+// ---- trials as processes ----------------------------------------------------------------------------
 
 DETTRIAL_INLINE void Experiment::launch_queued() {
   while (!queue_.empty()) {
@@ -1140,36 +1383,10 @@ DETTRIAL_INLINE void Experiment::launch_queued() {
 }
 
 DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
-  namespace fs = std::filesystem;
   const TrialRequest& r = records_.at(id).request;
-  fs::create_directories(trial_dir(id));
-  write_trial_config(r);
-  // --max-restarts 0: this runner restarts the trial (RestartPolicy, one count over its life); its
-  // process, whose config keeps max_restarts, must not restart it a second time.
-  std::vector<std::string> args = {
-      options_.program.string(), "--config", trial_folder(id).config().string(), "--output", trial_dir(id).string(), "--quiet",
-      "--max-restarts",          "0"};
-  if (!list_checkpoints(trial_folder(id).checkpoints()).empty()) {
-    args.emplace_back("--resume");
-    args.push_back(trial_folder(id).checkpoints().string());
-  } else if (std::filesystem::exists(trial_folder(id).metrics_log())) {
-    // A restart before any checkpoint: the folder without one makes main start afresh there,
-    // dropping the failed attempt's metrics and TensorBoard events first.
-    args.emplace_back("--resume");
-    args.push_back(trial_dir(id).string());
-  }
-  // Determined's own variables: context.get_trial_id() / get_experiment_id().
-  detail::TrialCommand command{.program = options_.program.string(),
-                               .args = std::move(args),
-                               .extra_env = {"DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_),
-                                             std::string(detail::search_trial_variable) + "=1"}};
-  if (!mlflow_run_id_.empty()) command.extra_env.push_back(std::string(MlflowSettings::parent_run_variable) + "=" + mlflow_run_id_);
-  if (slurm_) {
-    command = slurm_->job_command(id, config_.slots_per_trial, config_.slurm_args, std::move(command));
-  } else {
-    // A local trial ends with this runner (its parent); a Slurm trial's parent is slurmstepd.
-    command.extra_env.push_back(std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()));
-  }
+  std::filesystem::create_directories(trial_dir(id));
+  std::ofstream(trial_folder(id).config()) << detail::trial_config(config_, r, trial_folder(id)) << "\n";
+  detail::TrialCommand command = trial_command(id);
   Running run;
   run.checkpoints_at_start = list_checkpoints(trial_folder(id).checkpoints());
   // In a process group of its own: a Ctrl-C reaches the trial once, as this runner's SIGTERM.
@@ -1184,76 +1401,17 @@ DETTRIAL_INLINE void Experiment::launch(std::int64_t id) {
   say("[experiment] trial " + std::to_string(id) + " started: " + detail::one_line(r.hparams));
 }
 
-DETTRIAL_INLINE void Experiment::poll_metrics() {
-  for (auto& [id, trial] : records_) {
-    if (!trial.running) continue;
-    Running& run = *trial.running;
-    const auto path = trial_folder(id).metrics_log();
-    struct stat file{};
-    if (::stat(path.c_str(), &file) != 0) continue;
-    if (file.st_ino != run.metrics_inode || static_cast<std::uintmax_t>(file.st_size) < run.metrics_offset) {
-      run.metrics_inode = file.st_ino;  // a new file: read it from the start; validations already told are skipped
-      run.metrics_offset = 0;
-    }
-    std::ifstream in(path);
-    if (!in) continue;
-    in.seekg(static_cast<std::streamoff>(run.metrics_offset));
-    std::string line;
-    while (std::getline(in, line)) {
-      if (in.eof()) break;  // a line still being written: read it next time
-      run.metrics_offset += line.size() + 1;
-      const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (record.is_discarded()) continue;  // not a complete record
-      const detail::Json* type = detail::json_find(record, "type");
-      if (!type || !type->is_string() || type->get_ref<const std::string&>() != "validation") continue;
-      // Each validation reaches the searcher once, also when a restarted trial trains it again.
-      const auto batches = MetricsLog::batches_of_record(record);
-      if (!batches) continue;
-      if (trial.validated_batches && *batches <= *trial.validated_batches) continue;
-      trial.validated_batches = *batches;
-      // The searcher closed a trial it stopped: a validation the trial reaches before the stop
-      // does (it trains on while the signal travels) would otherwise change ASHA's rungs for the
-      // other trials, by how fast the signal was.
-      if (run.stop_sent) continue;
-      const detail::Json* metrics = detail::json_find(record, "metrics");
-      const detail::Json* searcher_metric = metrics ? detail::json_find(*metrics, config_.searcher.metric) : nullptr;
-      if (!searcher_metric || !searcher_metric->is_number()) continue;  // absent, or null (NaN)
-      const double metric = searcher_metric->get<double>();
-      const std::string& time_metric = config_.searcher.time_metric;
-      const detail::Json* time_value = detail::json_find(*metrics, time_metric);
-      const double time = time_value && time_value->is_number() ? time_value->get<double>() : static_cast<double>(*batches);
-      TrialSummary& t = trial.summary;
-      record_metric(t, metric);
-      const SearcherDecision d = std::visit([&](auto& s) { return s.on_validation(id, metric, time); }, searcher_);
-      // A trial at its full length ends by itself; a stop is for the ones with time left.
-      const bool stop = d == SearcherDecision::stop && !run.stop_sent && time < static_cast<double>(trial.request.max_length);
-      detail::Json event = {{"event", "validation"}, {"trial", id}, {"metric", metric}, {"time", time}, {"batches", *batches}};
-      // For the report: the ASHA rung this validation reached (the rungs its time has passed), and a stop.
-      std::string where;
-      if (const searcher::AshaBracket* bracket = bracket_of(id)) {
-        const std::int64_t rung = static_cast<std::int64_t>(std::ranges::count_if(
-                                      bracket->units_needed, [&](std::int64_t needed) { return time >= static_cast<double>(needed); })) -
-                                  1;
-        if (rung >= 0) {
-          event["rung"] = rung;
-          trial.rung = std::max(trial.rung.value_or(rung), rung);
-          where = "; rung " + std::to_string(rung + 1) + " of " + std::to_string(bracket->units_needed.size());
-        }
-      }
-      if (stop) event["stopped"] = true;
-      log_event(event);
-      char values[96];
-      std::snprintf(values, sizeof values, "%.6g (best %.6g", metric, t.best_metric.value_or(metric));
-      say("[experiment] trial " + std::to_string(id) + " at " + time_metric + " " + std::to_string(static_cast<std::int64_t>(time)) + ": " +
-          config_.searcher.metric + " " + values + where + ")");
-      if (stop) {
-        terminate_trial(id, run);  // the trial checkpoints and exits
-        run.stop_sent = true;
-        say("[experiment] trial " + std::to_string(id) + " stopped by the searcher at " + time_metric + " " +
-            std::to_string(static_cast<std::int64_t>(time)));
-      }
-    }
-  }
+DETTRIAL_INLINE detail::TrialCommand Experiment::trial_command(std::int64_t id) const {
+  // Determined's own variables: context.get_trial_id() / get_experiment_id().
+  detail::TrialCommand command{.program = options_.program.string(),
+                               .args = detail::trial_arguments(options_.program, trial_folder(id)),
+                               .extra_env = {"DET_TRIAL_ID=" + std::to_string(id), "DET_EXPERIMENT_ID=" + std::to_string(experiment_id_),
+                                             std::string(detail::search_trial_variable) + "=1"}};
+  if (!mlflow_run_id_.empty()) command.extra_env.push_back(std::string(MlflowSettings::parent_run_variable) + "=" + mlflow_run_id_);
+  if (slurm_) return slurm_->job_command(id, config_.slots_per_trial, config_.slurm_args, std::move(command));
+  // A local trial ends with this runner (its parent); a Slurm trial's parent is slurmstepd.
+  command.extra_env.push_back(std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()));
+  return command;
 }
 
 DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
@@ -1288,15 +1446,9 @@ DETTRIAL_INLINE void Experiment::reap(bool interrupting) {
 
 DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool stop_sent, bool interrupting, std::int64_t slurm_job,
                                              const std::optional<std::vector<CheckpointInfo>>& checkpoints_at_start) {
-  // A restart or end, with the Slurm job behind it.
-  const auto log_ending = [&](detail::Json event) {
-    if (slurm_job != 0) event["slurm_job"] = slurm_job;
-    log_event(event);
-  };
   TrialSummary& t = records_.at(id).summary;
   refresh_from_disk(t);
   const auto end = detail::ProcessEnd::from_wait_status(status);
-  const bool ok = end.succeeded();
   // Stopped by a signal after a checkpoint; a SIGTERM that came after training ended kills it.
   // srun reports a task killed by signal n as exit status 128 + n.
   const bool stopped =
@@ -1304,43 +1456,56 @@ DETTRIAL_INLINE void Experiment::trial_ended(std::int64_t id, int status, bool s
   if (end.config_error()) {
     // Not restarted, and not ended in the event log: after the fix the next run trains it.
     t.state = TrialState::errored;
-    if (!config_error_)
-      config_error_.emplace(id, last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " + trial_folder(id).config().string() +
-                                    " is " + config_.source + " with the trial's hyperparameters " + detail::one_line(t.hparams) + ")");
+    if (!config_error_) config_error_.emplace(id, config_error_text(id));
     return;
   }
-  if (interrupting && (stopped || !ok)) {
+  if (interrupting && (stopped || !end.succeeded())) {
     t.state = TrialState::interrupted;
     return;  // continued by the next run
   }
-  if (ok || (stopped && stop_sent)) {
+  if (end.succeeded() || (stopped && stop_sent)) {
     // The searcher's decision names the state, not its race with the signal: a trial it stopped
     // short of its length is STOPPED_EARLY also when it finished before the signal arrived.
     t.state = stop_sent ? TrialState::stopped_by_searcher : TrialState::completed;
-  } else {
-    // The runner alone restarts a search's trial (its process runs with --max-restarts 0).
-    std::optional<bool> progressed;
-    if (checkpoints_at_start) progressed = wrote_new_checkpoint(*checkpoints_at_start, list_checkpoints(trial_folder(id).checkpoints()));
-    RestartPolicy restarts(config_.max_restarts, t.restarts);
-    if (const auto why_not = restarts.refuse_restart(RestartPolicy::Failure::other, progressed)) {
-      t.state = TrialState::errored;
-      std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restart(s) and is not restarted: %s; see %s\n",
-                   static_cast<long long>(id), describe_failure(id, status).c_str(), static_cast<long long>(t.restarts), why_not->c_str(),
-                   trial_folder(id).trial_log().c_str());
-    } else {
-      t.restarts = restarts.used();
-      log_ending({{"event", "restart"}, {"trial", id}, {"restarts", t.restarts}});
-      say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); " + restarts.restart_text() +
-          " from its latest checkpoint");
-      queue_.push_back(id);
-      return;
-    }
+  } else if (restart_after_failure(id, status, slurm_job, checkpoints_at_start)) {
+    return;
   }
-  log_ending({{"event", "end"}, {"trial", id}, {"state", to_string(t.state)}, {"restarts", t.restarts}});
+  log_event({.trial = id,
+             .what = SearchEvent::End{.state = t.state, .restarts = t.restarts},
+             .slurm_job = slurm_job != 0 ? std::optional(slurm_job) : std::nullopt});
   say("[experiment] trial " + std::to_string(id) + " " + to_string(t.state) + " after " + std::to_string(t.batches_trained) + " batches");
   for (auto& r : std::visit([&](auto& s) { return s.on_trial_end(id); }, searcher_)) add_trial(std::move(r));
   say(progress());
   refresh_report(/*at_end=*/false);
+}
+
+DETTRIAL_INLINE bool Experiment::restart_after_failure(std::int64_t id, int status, std::int64_t slurm_job,
+                                                       const std::optional<std::vector<CheckpointInfo>>& checkpoints_at_start) {
+  TrialSummary& t = records_.at(id).summary;
+  // The runner alone restarts a search's trial (its process runs with --max-restarts 0).
+  std::optional<bool> progressed;
+  if (checkpoints_at_start) progressed = wrote_new_checkpoint(*checkpoints_at_start, list_checkpoints(trial_folder(id).checkpoints()));
+  RestartPolicy restarts(config_.max_restarts, t.restarts);
+  if (const auto why_not = restarts.refuse_restart(RestartPolicy::Failure::other, progressed)) {
+    t.state = TrialState::errored;
+    std::fprintf(stderr, "[experiment] trial %lld failed (%s) after %lld restart(s) and is not restarted: %s; see %s\n",
+                 static_cast<long long>(id), describe_failure(id, status).c_str(), static_cast<long long>(t.restarts), why_not->c_str(),
+                 trial_folder(id).trial_log().c_str());
+    return false;
+  }
+  t.restarts = restarts.used();
+  log_event({.trial = id,
+             .what = SearchEvent::Restart{.restarts = t.restarts},
+             .slurm_job = slurm_job != 0 ? std::optional(slurm_job) : std::nullopt});
+  say("[experiment] trial " + std::to_string(id) + " failed (" + describe_failure(id, status) + "); " + restarts.restart_text() +
+      " from its latest checkpoint");
+  queue_.push_back(id);
+  return true;
+}
+
+DETTRIAL_INLINE std::string Experiment::config_error_text(std::int64_t id) const {
+  return last_error_line(id) + "\n(trial " + std::to_string(id) + "'s config " + trial_folder(id).config().string() + " is " +
+         config_.source + " with the trial's hyperparameters " + detail::one_line(records_.at(id).summary.hparams) + ")";
 }
 
 DETTRIAL_INLINE std::string Experiment::last_error_line(std::int64_t id) const {
@@ -1356,6 +1521,58 @@ DETTRIAL_INLINE std::string Experiment::describe_failure(std::int64_t id, int st
   return detail::ProcessEnd::from_wait_status(status).describe() + (error.empty() ? "" : ": " + error);
 }
 
+// ---- the searcher's decisions ----------------------------------------------------------------------
+
+DETTRIAL_INLINE void Experiment::poll_metrics() {
+  const std::string& metric = config_.searcher.metric;
+  for (auto& [id, trial] : records_) {
+    if (!trial.running) continue;
+    for (const detail::TrialValidation& v :
+         trial.running->validations.read_new(trial_folder(id).metrics_log(), metric, config_.searcher.time_metric)) {
+      // Each validation reaches the searcher once, also when a restarted trial trains it again.
+      if (trial.validated_batches && v.batches <= *trial.validated_batches) continue;
+      trial.validated_batches = v.batches;
+      // The searcher closed a trial it stopped: a validation the trial reaches before the stop
+      // does (it trains on while the signal travels) would otherwise change ASHA's rungs for the
+      // other trials, by how fast the signal was. A metric absent or null (NaN) is not told.
+      if (trial.running->stop_sent || !v.metric) continue;
+      tell_searcher(id, trial, v);
+    }
+  }
+}
+
+DETTRIAL_INLINE void Experiment::tell_searcher(std::int64_t id, TrialRecord& trial, const detail::TrialValidation& v) {
+  const double metric = *v.metric, time = v.time;
+  record_metric(trial.summary, metric);
+  const SearcherDecision d = std::visit([&](auto& s) { return s.on_validation(id, metric, time); }, searcher_);
+  // A trial at its full length ends by itself; a stop is for the ones with time left.
+  const bool stop = d == SearcherDecision::stop && time < static_cast<double>(trial.request.max_length);
+  SearchEvent::Validation event{.metric = metric, .time = time, .batches = v.batches, .rung = std::nullopt, .stopped = stop};
+  // For the report: the ASHA rung this validation reached (the rungs its time has passed).
+  std::string where;
+  if (const searcher::AshaBracket* bracket = bracket_of(id)) {
+    const auto passed =
+        std::ranges::count_if(bracket->units_needed, [&](std::int64_t needed) { return time >= static_cast<double>(needed); });
+    if (passed > 0) {
+      event.rung = static_cast<std::int64_t>(passed) - 1;
+      trial.rung = std::max(trial.rung.value_or(*event.rung), *event.rung);
+      where = "; rung " + std::to_string(passed) + " of " + std::to_string(bracket->units_needed.size());
+    }
+  }
+  log_event({.trial = id, .what = event, .slurm_job = std::nullopt});
+  char values[96];
+  std::snprintf(values, sizeof values, "%.6g (best %.6g", metric, trial.summary.best_metric.value_or(metric));
+  const std::string at = " at " + config_.searcher.time_metric + " " + std::to_string(static_cast<std::int64_t>(time));
+  say("[experiment] trial " + std::to_string(id) + at + ": " + config_.searcher.metric + " " + values + where + ")");
+  if (stop) {
+    terminate_trial(id, *trial.running);  // the trial checkpoints and exits
+    trial.running->stop_sent = true;
+    say("[experiment] trial " + std::to_string(id) + " stopped by the searcher" + at);
+  }
+}
+
+// ---- the summary -----------------------------------------------------------------------------------
+
 DETTRIAL_INLINE void Experiment::refresh_from_disk(TrialSummary& t) const {
   const auto checkpoints = list_checkpoints(trial_folder(t.id).checkpoints());
   t.best_checkpoint.clear();
@@ -1370,28 +1587,11 @@ DETTRIAL_INLINE void Experiment::refresh_from_disk(TrialSummary& t) const {
   if (t.best_checkpoint.empty() && !checkpoints.empty()) t.best_checkpoint = checkpoints.back().path.string();
 }
 
-DETTRIAL_INLINE void Experiment::apply_experiment_retention() {
-  const auto& storage = config_.checkpoint_storage;
-  if (storage.save_experiment_best == 0) return;  // the trials applied their own retention already
-  std::vector<CheckpointInfo> ranked;
-  std::map<std::string, std::int64_t> trial_best_keep;  // uuid -> kept by its trial's rules
-  for (const auto& [id, r] : records_) {
-    const auto all = list_checkpoints(trial_folder(id).checkpoints());
-    for (const auto& c :
-         checkpoints_to_delete(all, {.save_trial_best = storage.save_trial_best, .save_trial_latest = storage.save_trial_latest},
-                               config_.searcher.smaller_is_better))
-      trial_best_keep[c.uuid] = 0;  // candidates for deletion
-    for (const auto& c : all)
-      if (c.validation_metric) ranked.push_back(c);
-  }
-  std::stable_sort(ranked.begin(), ranked.end(), [&](const CheckpointInfo& a, const CheckpointInfo& b) {
-    return order().better(*a.validation_metric, *b.validation_metric);
-  });
-  for (std::size_t k = 0; k < ranked.size() && static_cast<std::int64_t>(k) < storage.save_experiment_best; ++k)
-    trial_best_keep.erase(ranked[k].uuid);  // among the experiment's best: kept
-  for (const auto& [id, r] : records_)
-    for (const auto& c : list_checkpoints(trial_folder(id).checkpoints()))
-      if (trial_best_keep.count(c.uuid)) delete_checkpoint(c);
+DETTRIAL_INLINE std::optional<std::int64_t> Experiment::best_trial() const {
+  std::optional<std::int64_t> best;
+  for (const auto& [id, record] : records_)
+    if (const auto& m = record.summary.best_metric; m && (!best || order().better(*m, *records_.at(*best).summary.best_metric))) best = id;
+  return best;
 }
 
 DETTRIAL_INLINE detail::Json Experiment::summary_json() const {
@@ -1409,10 +1609,8 @@ DETTRIAL_INLINE detail::Json Experiment::summary_json() const {
     summary["brackets"] = std::move(brackets);
   }
   summary["trials"] = detail::Json::array();
-  std::optional<std::int64_t> best_trial;
   for (const auto& [id, record] : records_) {
     const TrialSummary& t = record.summary;
-    if (t.best_metric && (!best_trial || order().better(*t.best_metric, *records_.at(*best_trial).summary.best_metric))) best_trial = id;
     detail::Json trial = {{"id", id},
                           {"state", to_string(t.state)},
                           {"batches_trained", t.batches_trained},
@@ -1427,29 +1625,15 @@ DETTRIAL_INLINE detail::Json Experiment::summary_json() const {
     }
     summary["trials"].push_back(std::move(trial));
   }
-  summary["best_trial"] = best_trial ? detail::Json(*best_trial) : detail::Json(nullptr);
+  const std::optional<std::int64_t> best = best_trial();
+  summary["best_trial"] = best ? detail::Json(*best) : detail::Json(nullptr);
   return summary;
 }
 
 DETTRIAL_INLINE void Experiment::write_summary(bool print) {
   for (auto& [id, r] : records_) refresh_from_disk(r.summary);
-  const detail::Json summary = summary_json();
-  detail::write_file_synced(folder().summary(), detail::json_text(summary));
-  if (!print) return;
-  std::string table = "\n trial  state           batches  restarts  best " + config_.searcher.metric + "  last  hyperparameters\n";
-  for (const auto& [id, record] : records_) {
-    const TrialSummary& t = record.summary;
-    char row[160];
-    std::snprintf(row, sizeof row, " %5lld  %-14s %8lld  %8lld  %12s  %6s  ", static_cast<long long>(id), to_string(t.state),
-                  static_cast<long long>(t.batches_trained), static_cast<long long>(t.restarts),
-                  t.best_metric ? std::to_string(*t.best_metric).c_str() : "-",
-                  t.last_metric ? std::to_string(*t.last_metric).c_str() : "-");
-    table += row + detail::one_line(t.hparams) + "\n";
-  }
-  if (const detail::Json& best = summary.at("best_trial"); best.is_number_integer())
-    table += " best: trial " + std::to_string(best.get<std::int64_t>()) + ", checkpoint " +
-             records_.at(best.get<std::int64_t>()).summary.best_checkpoint + "\n";
-  say(table + " summary: " + folder().summary().string());
+  detail::write_file_synced(folder().summary(), detail::json_text(summary_json()));
+  if (print) say(detail::summary_table(trials(), config_.searcher.metric, best_trial()) + " summary: " + folder().summary().string());
 }
 
 DETTRIAL_INLINE void Experiment::refresh_report(bool at_end) {

@@ -14,7 +14,7 @@
 /// a trial that reads none of the views does not compile range-v3.
 
 
-// ---- begin dettrial/data/samplers.hpp
+// ---- begin dettrial/data/sampler_views.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Determined's `determined.pytorch.samplers` chain steps, for loaders and batch samplers a
@@ -166,5 +166,5 @@ auto BatchSampler::slices(const Chain& chain) const {
   return std::move(epochs) | samplers::distribute(chain.num_replicas, chain.rank) | samplers::skip(chain.skip);
 }
 }  // namespace dettrial
-// ---- end dettrial/data/samplers.hpp
+// ---- end dettrial/data/sampler_views.hpp
 // ---- end dettrial/samplers.hpp

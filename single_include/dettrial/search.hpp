@@ -96,6 +96,10 @@ class HyperparameterSpace {
   static void set(YAML::Node& root, const std::vector<std::string>& path, const YAML::Node& value);
 
   void parse(const YAML::Node& map, std::vector<std::string> prefix, const std::string& source);
+  /// The axis the map `v` (which has a `type`) describes.
+  static HyperparameterAxis parse_axis(HyperparameterAxis a, const YAML::Node& v, const std::string& source);
+  /// An int, double or log axis's bounds, base and count.
+  static void parse_range(HyperparameterAxis& a, const YAML::Node& v, const std::string& type, const std::string& source);
 
   std::vector<HyperparameterAxis> axes_;
 };
@@ -206,60 +210,68 @@ DETTRIAL_INLINE void HyperparameterSpace::parse(const YAML::Node& map, std::vect
     const YAML::Node& v = kv.second;
     HyperparameterAxis a;
     a.path = path;
-    const std::string name = a.name();
-    if (!v.IsMap() || !v["type"]) {
-      if (v.IsMap()) {
-        parse(v, path, source);  // nested
-        continue;
-      }
+    if (v.IsMap() && v["type"]) {
+      axes_.push_back(parse_axis(std::move(a), v, source));
+    } else if (v.IsMap()) {
+      parse(v, path, source);  // nested
+    } else {
       a.values.push_back(v);  // a plain value is a constant
       axes_.push_back(std::move(a));
-      continue;
     }
-    const std::string type = v["type"].Scalar();
-    auto number = [&](const char* key) {
-      const YAML::Node n = v[key];
-      double x = 0;
-      if (!n || !detail::try_read(n, x))
-        throw ConfigError(detail::where(n ? n : v, source) + ": hyperparameter '" + name + "' (type " + type + ") needs a number '" + key +
-                          "'" + (n ? ", found " + detail::describe(n) : std::string()));
-      return x;
-    };
-    if (type == "const") {
-      if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type const has no 'val'");
-      a.values.push_back(v["val"]);
-    } else if (type == "int" || type == "double" || type == "log") {
-      a.type = type == "int"      ? HyperparameterAxis::Type::integer
-               : type == "double" ? HyperparameterAxis::Type::real
-                                  : HyperparameterAxis::Type::log;
-      a.minval = number("minval");
-      a.maxval = number("maxval");
-      if (!(a.minval < a.maxval))
-        throw ConfigError(detail::where(v["maxval"], source) + ": hyperparameter '" + name + "' needs minval < maxval");
-      if (type == "int" && (a.minval != std::floor(a.minval) || a.maxval != std::floor(a.maxval)))
-        throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type int needs integer bounds");
-      if (type == "log") {
-        a.base = v["base"] ? number("base") : 10.0;
-        if (!(a.base > 0)) throw ConfigError(detail::where(v["base"], source) + ": hyperparameter '" + name + "' needs base > 0");
-      }
-      if (v["count"]) {
-        const double count = number("count");
-        if (count < 1 || count != std::floor(count))
-          throw ConfigError(detail::where(v["count"], source) + ": hyperparameter '" + name + "' needs a positive integer count");
-        a.count = static_cast<std::int64_t>(count);
-      }
-    } else if (type == "categorical") {
-      a.type = HyperparameterAxis::Type::categorical;
-      const YAML::Node vals = v["vals"];
-      if (!vals || !vals.IsSequence() || vals.size() == 0)
-        throw ConfigError(detail::where(vals ? vals : v, source) + ": hyperparameter '" + name +
-                          "' of type categorical needs a non-empty list 'vals'");
-      for (const auto& x : vals) a.values.push_back(x);
-    } else {
-      throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + name + "' has unknown type '" + type +
-                        "' (expected const, int, double, log or categorical)");
-    }
-    axes_.push_back(std::move(a));
+  }
+}
+
+DETTRIAL_INLINE HyperparameterAxis HyperparameterSpace::parse_axis(HyperparameterAxis a, const YAML::Node& v, const std::string& source) {
+  const std::string name = a.name();
+  const std::string type = v["type"].Scalar();
+  if (type == "const") {
+    if (!v["val"]) throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type const has no 'val'");
+    a.values.push_back(v["val"]);
+  } else if (type == "int" || type == "double" || type == "log") {
+    parse_range(a, v, type, source);
+  } else if (type == "categorical") {
+    a.type = HyperparameterAxis::Type::categorical;
+    const YAML::Node vals = v["vals"];
+    if (!vals || !vals.IsSequence() || vals.size() == 0)
+      throw ConfigError(detail::where(vals ? vals : v, source) + ": hyperparameter '" + name +
+                        "' of type categorical needs a non-empty list 'vals'");
+    for (const auto& x : vals) a.values.push_back(x);
+  } else {
+    throw ConfigError(detail::where(v["type"], source) + ": hyperparameter '" + name + "' has unknown type '" + type +
+                      "' (expected const, int, double, log or categorical)");
+  }
+  return a;
+}
+
+DETTRIAL_INLINE void HyperparameterSpace::parse_range(HyperparameterAxis& a, const YAML::Node& v, const std::string& type,
+                                                      const std::string& source) {
+  const std::string name = a.name();
+  auto number = [&](const char* key) {
+    const YAML::Node n = v[key];
+    double x = 0;
+    if (!n || !detail::try_read(n, x))
+      throw ConfigError(detail::where(n ? n : v, source) + ": hyperparameter '" + name + "' (type " + type + ") needs a number '" + key +
+                        "'" + (n ? ", found " + detail::describe(n) : std::string()));
+    return x;
+  };
+  a.type = type == "int"      ? HyperparameterAxis::Type::integer
+           : type == "double" ? HyperparameterAxis::Type::real
+                              : HyperparameterAxis::Type::log;
+  a.minval = number("minval");
+  a.maxval = number("maxval");
+  if (!(a.minval < a.maxval))
+    throw ConfigError(detail::where(v["maxval"], source) + ": hyperparameter '" + name + "' needs minval < maxval");
+  if (type == "int" && (a.minval != std::floor(a.minval) || a.maxval != std::floor(a.maxval)))
+    throw ConfigError(detail::where(v, source) + ": hyperparameter '" + name + "' of type int needs integer bounds");
+  if (type == "log") {
+    a.base = v["base"] ? number("base") : 10.0;
+    if (!(a.base > 0)) throw ConfigError(detail::where(v["base"], source) + ": hyperparameter '" + name + "' needs base > 0");
+  }
+  if (v["count"]) {
+    const double count = number("count");
+    if (count < 1 || count != std::floor(count))
+      throw ConfigError(detail::where(v["count"], source) + ": hyperparameter '" + name + "' needs a positive integer count");
+    a.count = static_cast<std::int64_t>(count);
   }
 }
 
@@ -408,6 +420,13 @@ class AdaptiveAsha {
 
 }  // namespace dettrial::searcher
 
+namespace dettrial::detail {
+/// The rung count of each ASHA bracket, most first: `bracket_rungs`, or those the mode picks.
+DETTRIAL_INLINE std::vector<std::int64_t> asha_bracket_rungs(const SearcherSettings& c);
+/// Shares `max_concurrent_trials` out over the ASHA brackets (Determined's rule when it is 0).
+DETTRIAL_INLINE void share_asha_concurrency(const SearcherSettings& c, std::vector<searcher::AshaBracket>& brackets);
+}  // namespace dettrial::detail
+
 namespace dettrial {
 /// The searcher an experiment config names.
 using Searcher = std::variant<searcher::Random, searcher::Grid, searcher::AdaptiveAsha>;
@@ -419,6 +438,37 @@ DETTRIAL_INLINE Searcher make_searcher(const SearcherSettings& config, const Hyp
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::vector<std::int64_t> asha_bracket_rungs(const SearcherSettings& c) {
+  const auto max_rungs =
+      std::min({c.max_rungs, static_cast<std::int64_t>(std::log(static_cast<double>(c.max_time)) / std::log(c.divisor)) + 1,
+                static_cast<std::int64_t>(std::log(static_cast<double>(c.max_trials)) / std::log(c.divisor)) + 1});
+  std::vector<std::int64_t> rungs = c.bracket_rungs;
+  if (rungs.empty()) {
+    std::int64_t low = 1;
+    if (c.mode == "standard") low = (max_rungs - 1) / 2 + 1;
+    else if (c.mode == "aggressive") low = max_rungs;
+    else if (c.mode != "conservative")
+      throw ConfigError("adaptive_asha mode must be aggressive, standard or conservative, not '" + c.mode + "'");
+    for (std::int64_t r = low; r <= max_rungs; ++r) rungs.push_back(r);
+  }
+  std::sort(rungs.rbegin(), rungs.rend());
+  return rungs;
+}
+
+DETTRIAL_INLINE void share_asha_concurrency(const SearcherSettings& c, std::vector<searcher::AshaBracket>& brackets) {
+  const auto n = static_cast<std::int64_t>(brackets.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (c.max_concurrent_trials > 0)
+      brackets[static_cast<std::size_t>(i)].max_concurrent =
+          std::max<std::int64_t>(c.max_concurrent_trials / n + (i < c.max_concurrent_trials % n ? 1 : 0), 1);
+    else brackets[static_cast<std::size_t>(i)].max_concurrent = std::max(brackets.back().max_trials, static_cast<std::int64_t>(c.divisor));
+  }
+}
+
+}  // namespace dettrial::detail
 
 namespace dettrial::searcher {
 
@@ -476,19 +526,7 @@ DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherSettings& c
   if (c.max_trials < 1) throw ConfigError("adaptive_asha needs max_trials of at least 1");
   if (c.max_time < 1) throw ConfigError("adaptive_asha needs max_time of at least 1");
   if (!(c.divisor > 1)) throw ConfigError("adaptive_asha needs a divisor greater than 1");
-  const auto max_rungs =
-      std::min({c.max_rungs, static_cast<std::int64_t>(std::log(static_cast<double>(c.max_time)) / std::log(c.divisor)) + 1,
-                static_cast<std::int64_t>(std::log(static_cast<double>(c.max_trials)) / std::log(c.divisor)) + 1});
-  std::vector<std::int64_t> rungs = c.bracket_rungs;
-  if (rungs.empty()) {
-    std::int64_t low = 1;
-    if (c.mode == "standard") low = (max_rungs - 1) / 2 + 1;
-    else if (c.mode == "aggressive") low = max_rungs;
-    else if (c.mode != "conservative")
-      throw ConfigError("adaptive_asha mode must be aggressive, standard or conservative, not '" + c.mode + "'");
-    for (std::int64_t r = low; r <= max_rungs; ++r) rungs.push_back(r);
-  }
-  std::sort(rungs.rbegin(), rungs.rend());
+  const std::vector<std::int64_t> rungs = detail::asha_bracket_rungs(c);
   std::vector<double> weights;
   double total = 0;
   for (const auto r : rungs) {
@@ -508,13 +546,7 @@ DETTRIAL_INLINE std::vector<AshaBracket> asha_brackets(const SearcherSettings& c
     out.push_back(std::move(b));
   }
   out.front().max_trials += std::max<std::int64_t>(c.max_trials - assigned, 0);
-  const auto n = static_cast<std::int64_t>(out.size());
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (c.max_concurrent_trials > 0)
-      out[static_cast<std::size_t>(i)].max_concurrent =
-          std::max<std::int64_t>(c.max_concurrent_trials / n + (i < c.max_concurrent_trials % n ? 1 : 0), 1);
-    else out[static_cast<std::size_t>(i)].max_concurrent = std::max(out.back().max_trials, static_cast<std::int64_t>(c.divisor));
-  }
+  detail::share_asha_concurrency(c, out);
   return out;
 }
 
