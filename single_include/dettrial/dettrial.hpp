@@ -366,6 +366,20 @@ DETTRIAL_INLINE std::string suggestion(const std::string& name, const std::vecto
 /// `node` as one line of flow YAML, `{lr: 0.01, layers: 2}`: a trial's hyperparameters in messages.
 DETTRIAL_INLINE std::string one_line(const YAML::Node& node);
 
+/// The one form of a YAML syntax error in a message: "<source>:<line>:<column>: YAML syntax error:
+/// <what yaml-cpp says>" (without the position when yaml-cpp has none).
+DETTRIAL_INLINE std::string yaml_syntax_error(const std::string& source, const YAML::Exception& e);
+
+/// `text` parsed, or a syntax error (yaml_syntax_error's text) thrown as an `ErrorT`.
+template <class ErrorT>
+YAML::Node load_yaml_or_throw(const std::string& text, const std::string& source) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ErrorT(yaml_syntax_error(source, e));
+  }
+}
+
 }  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -409,6 +423,12 @@ DETTRIAL_INLINE std::string suggestion(const std::string& name, const std::vecto
   for (const auto& n : names)
     if (const std::size_t d = edit_distance(name, n); d <= best_distance && (best.empty() || d < edit_distance(name, best))) best = n;
   return best.empty() ? std::string() : "; did you mean '" + best + "'?";
+}
+
+DETTRIAL_INLINE std::string yaml_syntax_error(const std::string& source, const YAML::Exception& e) {
+  const std::string where =
+      e.mark.is_null() ? source : source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1);
+  return where + ": YAML syntax error: " + e.msg;
 }
 
 DETTRIAL_INLINE std::string one_line(const YAML::Node& node) {
@@ -690,13 +710,8 @@ DETTRIAL_INLINE std::int64_t Hyperparameters::per_slot_batch_size(std::int64_t s
 }
 
 DETTRIAL_INLINE Hyperparameters Hyperparameters::parse(const std::string& yaml_text, std::string source) {
-  try {
-    YAML::Node root = YAML::Load(yaml_text);
-    return Hyperparameters(std::move(root), source);
-  } catch (const YAML::ParserException& e) {
-    throw HyperparameterError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
-                              ": YAML syntax error: " + e.msg);
-  }
+  YAML::Node root = detail::load_yaml_or_throw<HyperparameterError>(yaml_text, source);
+  return Hyperparameters(std::move(root), source);
 }
 
 DETTRIAL_INLINE Hyperparameters Hyperparameters::nested(std::string_view path) const {
@@ -1306,13 +1321,7 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::load_file(const std::filesyst
 }
 
 DETTRIAL_INLINE ExperimentConfig ExperimentConfig::parse(const std::string& text, std::string source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::ParserException& e) {
-    throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
-                      ": YAML syntax error: " + e.msg);
-  }
+  const YAML::Node root = detail::load_yaml_or_throw<ConfigError>(text, source);
   return from_yaml(root, std::move(source));
 }
 
@@ -19200,6 +19209,86 @@ DETTRIAL_INLINE CheckpointInfo BackgroundWrite::collect() {
 
 #include <torch/torch.h>
 
+// ---- begin dettrial/checkpoint/detail/load_data.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief detail::LoadData: a checkpoint's `load_data.json`, written and read in this one place.
+
+#include <string>
+
+#include <yaml-cpp/yaml.h>
+
+
+namespace dettrial::detail {
+
+/**
+ * @brief What Determined records in a checkpoint's `load_data.json` to rebuild the trial: the
+ * experiment config the run ran under, the trial's own hyperparameters (a search's config holds the
+ * space they were drawn from) and the trial's type. Both the trial loader
+ * (`load_trial_from_checkpoint_path`) and the command line's `--resume` read it through read().
+ */
+struct LoadData {
+  YAML::Node experiment_config{YAML::NodeType::Map};
+  /// The trial's hyperparameters; Null when the file has none (a file not dettrial wrote).
+  YAML::Node hparams;
+  std::string trial_type;
+
+  /// The file's JSON (`trial_type: "dettrial"` and `is_trainer`, as Determined's Trainer writes it).
+  Json to_json() const;
+
+  /**
+   * @brief `folder`'s load_data.json. A CheckpointError naming the file when it is missing, is not
+   * JSON (a damaged or hostile file), or lacks the map `experiment_config`; `hparams` that are
+   * there but not a map are refused too (they would rebuild another trial).
+   */
+  static LoadData read(const CheckpointFolder& folder);
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <filesystem>
+#include <system_error>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE Json LoadData::to_json() const {
+  return Json{{"trial_type", "dettrial"},
+              {"experiment_config", yaml_to_json(experiment_config)},
+              {"hparams", yaml_to_json(hparams)},
+              {"trial_cls_spec", trial_type},
+              {"is_trainer", true}};
+}
+
+DETTRIAL_INLINE LoadData LoadData::read(const CheckpointFolder& folder) {
+  const std::filesystem::path file = folder.load_data();
+  const std::string name = "'" + file.string() + "'";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) throw CheckpointError(name + " is missing");
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(file.string());  // JSON is YAML
+  } catch (const YAML::Exception& e) {
+    throw CheckpointError(name + " is not valid JSON: " + e.what());
+  }
+  if (!root.IsMap()) throw CheckpointError(name + " is not a JSON object");
+  const YAML::Node config = root["experiment_config"];
+  if (!config || !config.IsMap()) throw CheckpointError(name + " has no experiment_config (a map)");
+  LoadData d;
+  d.experiment_config = config;
+  if (const YAML::Node hparams = root["hparams"]; hparams && !hparams.IsNull()) {
+    if (!hparams.IsMap()) throw CheckpointError(name + "'s hparams are not a map of hyperparameter names to values");
+    d.hparams = hparams;
+  }
+  if (const YAML::Node type = root["trial_cls_spec"]; type && type.IsScalar()) d.trial_type = type.Scalar();
+  return d;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/checkpoint/detail/load_data.hpp
 
 namespace dettrial::detail {
 
@@ -19310,11 +19399,9 @@ DETTRIAL_INLINE StateDict callback_states_of(const StateDict& top) {
 }
 
 DETTRIAL_INLINE Json load_data(const Context& c, std::string_view trial_type) {
-  return Json{{"trial_type", "dettrial"},
-              {"experiment_config", yaml_to_json(c.get_experiment_config().yaml)},
-              {"hparams", yaml_to_json(c.get_hparams().yaml())},
-              {"trial_cls_spec", trial_type},
-              {"is_trainer", true}};
+  return LoadData{
+      .experiment_config = c.get_experiment_config().yaml, .hparams = c.get_hparams().yaml(), .trial_type = std::string(trial_type)}
+      .to_json();
 }
 
 DETTRIAL_INLINE TakenCheckpoint take_checkpoint(TrainerKey key, Context& c, const std::filesystem::path& storage, const StateDict& top,
@@ -27374,17 +27461,10 @@ DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::
     throw CheckpointError("'" + checkpoint.string() +
                           "' has no load_data.json, so the trial cannot be rebuilt from it; "
                           "load only its weights with dettrial::load_weights");
-  YAML::Node load_data;
-  try {
-    load_data = YAML::LoadFile(file.string());
-  } catch (const YAML::Exception& e) {
-    throw CheckpointError("'" + file.string() + "' is not valid JSON: " + e.what());
-  }
-  if (!load_data["experiment_config"] || !load_data["experiment_config"].IsMap())
-    throw CheckpointError("'" + file.string() + "' has no experiment_config");
-  YAML::Node doc = YAML::Clone(load_data["experiment_config"]);
+  const detail::LoadData load_data = detail::LoadData::read(CheckpointFolder{checkpoint});
+  YAML::Node doc = YAML::Clone(load_data.experiment_config);
   // The trial's own hyperparameters (the experiment config may hold the search space they were drawn from).
-  if (load_data["hparams"] && load_data["hparams"].IsMap()) doc["hyperparameters"] = YAML::Clone(load_data["hparams"]);
+  if (load_data.hparams.IsMap()) doc["hyperparameters"] = YAML::Clone(load_data.hparams);
   if (overrides && !overrides.IsNull()) {
     if (!overrides.IsMap())
       throw ConfigError("load_trial_from_checkpoint_path: LoadTrialOptions::hparams must be a map of hyperparameter names to values");

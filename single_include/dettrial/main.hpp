@@ -2210,12 +2210,7 @@ DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignm
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) throw ConfigError("--set needs KEY=VALUE with a dotted KEY, got '" + assignment + "'");
   const std::string key = assignment.substr(0, eq);
-  YAML::Node value;
-  try {
-    value = YAML::Load(assignment.substr(eq + 1));
-  } catch (const YAML::Exception& e) {
-    throw ConfigError("--set " + key + ": the value is not valid YAML: " + e.msg);
-  }
+  const YAML::Node value = detail::load_yaml_or_throw<ConfigError>(assignment.substr(eq + 1), "--set " + key + "'s value");
   YAML::Node node(root);
   std::size_t start = 0;
   for (;;) {
@@ -2238,16 +2233,14 @@ DETTRIAL_INLINE void apply_override(YAML::Node& root, const std::string& assignm
 }
 
 DETTRIAL_INLINE ExperimentConfig resumed_run_config(const std::filesystem::path& checkpoint) {
-  const std::filesystem::path file = CheckpointFolder{checkpoint}.load_data();
-  YAML::Node load_data;
+  LoadData load_data;
   try {
-    load_data = YAML::LoadFile(file.string());
-  } catch (const YAML::Exception& e) {
-    throw ConfigError("cannot read the resumed run's config from '" + file.string() + "' (" + e.what() + "); give it with --config");
+    load_data = LoadData::read(CheckpointFolder{checkpoint});
+  } catch (const CheckpointError& e) {
+    throw ConfigError(std::string("cannot take the resumed run's config from its checkpoint: ") + e.what() + "; give it with --config");
   }
-  if (!load_data["experiment_config"] || !load_data["experiment_config"].IsMap())
-    throw ConfigError("'" + file.string() + "' holds no experiment_config; give the run's config with --config");
-  return ExperimentConfig::from_yaml(load_data["experiment_config"], file.string() + " (the resumed run's config)");
+  return ExperimentConfig::from_yaml(load_data.experiment_config,
+                                     CheckpointFolder{checkpoint}.load_data().string() + " (the resumed run's config)");
 }
 
 DETTRIAL_INLINE void flatten_yaml(const YAML::Node& node, const std::string& path, std::map<std::string, std::string>& out) {

@@ -22,6 +22,8 @@ if(TARGET mnist)
   dettrial_cli_error("missing data file" 1 "no MNIST images file for split 'train' in '/nonexistent/mnist'"
                      --config "${_cli}/missing_data.yaml")
   dettrial_cli_error("bad --set" 78 "--set needs KEY=VALUE" --config "${_cli}/zero_length.yaml" --set nonsense)
+  dettrial_cli_error("--set with a YAML syntax error" 78 "--set hyperparameters.learning_rate's value:1:[0-9]+: YAML syntax error"
+                     --config "${_cli}/zero_length.yaml" --set "hyperparameters.learning_rate=[0.1,")
   # SIGTERM: checkpoint and exit 75; --resume continues from that batch.
   add_test(NAME "cli: SIGTERM checkpoints and exits 75; --resume continues"
            COMMAND ${_needs_mnist} "${_cli}/signal_resume.sh" $<TARGET_FILE:mnist> "${_cli}/resume.yaml" "${DETTRIAL_MNIST10K_DIR}"

@@ -208,6 +208,43 @@ TEST_CASE("stopping and resuming is bit-identical to training straight through")
   CHECK(straight_counter.seen == 2);
 }
 
+TEST_CASE("a checkpoint's load_data.json reads back; a missing, damaged or mistyped one is refused naming the file") {
+  test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
+  Trainer<test::DeclarativeRegression> trainer(context);
+  const FitResult r = trainer.fit(test::quiet({.max_length = Batch(2)}));
+  REQUIRE(r.checkpoints.size() == 1);
+  const CheckpointFolder folder{r.checkpoints.back().path};
+  const auto load_data = dettrial::detail::LoadData::read(folder);
+  CHECK(load_data.experiment_config.IsMap());
+  CHECK(load_data.hparams["lr"].as<double>() == 0.05);
+  CHECK(load_data.hparams["global_batch_size"].as<int>() == 8);
+  CHECK(load_data.trial_type.find("DeclarativeRegression") != std::string::npos);
+  const std::string file = "'" + folder.load_data().string() + "'";
+  const auto refused = [&](const std::string& text) {
+    std::ofstream(folder.load_data(), std::ios::binary | std::ios::trunc) << text;
+    std::string message;
+    try {
+      (void)dettrial::detail::LoadData::read(folder);
+    } catch (const CheckpointError& e) {
+      message = e.what();
+    }
+    return message;
+  };
+  CHECK(refused("{\"experiment_config\": {\"name\": ").rfind(file + " is not valid JSON", 0) == 0);
+  CHECK(refused("[1, 2]") == file + " is not a JSON object");
+  CHECK(refused("{\"hparams\": {}}") == file + " has no experiment_config (a map)");
+  CHECK(refused("{\"experiment_config\": [1]}") == file + " has no experiment_config (a map)");
+  CHECK(refused("{\"experiment_config\": {}, \"hparams\": [0.1]}") == file + "'s hparams are not a map of hyperparameter names to values");
+  // Determined's loader refuses it the same way, before building a trial from it.
+  CHECK_THROWS_WITH_AS(load_trial_from_checkpoint_path<test::DeclarativeRegression>(folder.dir),
+                       (file + "'s hparams are not a map of hyperparameter names to values").c_str(), CheckpointError);
+  CHECK(refused("") == file + " is not a JSON object");
+  fs::remove(folder.load_data());
+  CHECK_THROWS_WITH_AS(dettrial::detail::LoadData::read(folder), (file + " is missing").c_str(), CheckpointError);
+  CHECK_THROWS_WITH_AS(load_trial_from_checkpoint_path<test::DeclarativeRegression>(folder.dir),
+                       doctest::Contains("has no load_data.json, so the trial cannot be rebuilt from it"), CheckpointError);
+}
+
 TEST_CASE("a checkpoint directory has Determined's layout and metadata") {
   test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<test::DeclarativeRegression> trainer(context);

@@ -206,5 +206,107 @@ reproducibility: {experiment_seed: 5}
   CHECK_THROWS_WITH_AS(replay(R"({"event":"validation","trial":1,"metric":"0.25","time":4})"
                               "\n"),
                        doctest::Contains("lacks a field or has one of the wrong type ('metric' is a string, not a number)"), Error);
+  // An event kind, or an end state, that no runner writes is refused with the field named.
+  CHECK_THROWS_WITH_AS(replay(R"({"event":"paused","trial":1})"
+                              "\n"),
+                       doctest::Contains("('event' is 'paused', not validation, restart or end)"), Error);
+  CHECK_THROWS_WITH_AS(replay(R"({"event":"end","trial":1,"state":"RUNNING","restarts":0})"
+                              "\n"),
+                       doctest::Contains("('state' is 'RUNNING', not COMPLETED, STOPPED_EARLY or ERRORED)"), Error);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a search event reads back what it writes, each kind with its optional fields") {
+  const std::vector<SearchEvent> events = {
+      {.trial = 3,
+       .what = SearchEvent::Validation{.metric = 0.125, .time = 48, .batches = 96, .rung = 1, .stopped = true},
+       .slurm_job = std::nullopt},
+      {.trial = 4,
+       .what = SearchEvent::Validation{.metric = -2, .time = 7.5, .batches = std::nullopt, .rung = std::nullopt, .stopped = false},
+       .slurm_job = std::nullopt},
+      {.trial = 5, .what = SearchEvent::Restart{.restarts = 2}, .slurm_job = 812},
+      {.trial = 6, .what = SearchEvent::End{.state = TrialState::stopped_by_searcher, .restarts = 0}, .slurm_job = std::nullopt},
+      {.trial = 7, .what = SearchEvent::End{.state = TrialState::errored, .restarts = 3}, .slurm_job = 9}};
+  for (const SearchEvent& e : events) {
+    const dettrial::detail::Json line = e.to_json();
+    CAPTURE(line.dump());
+    const SearchEvent back = SearchEvent::from_json(dettrial::detail::Json::parse(line.dump()));
+    CHECK(back.trial == e.trial);
+    CHECK(back.slurm_job == e.slurm_job);
+    CHECK(back.what.index() == e.what.index());
+    if (const auto* v = std::get_if<SearchEvent::Validation>(&e.what)) {
+      const auto& w = std::get<SearchEvent::Validation>(back.what);
+      CHECK(w.metric == v->metric);
+      CHECK(w.time == v->time);
+      CHECK(w.batches == v->batches);
+      CHECK(w.rung == v->rung);
+      CHECK(w.stopped == v->stopped);
+    } else if (const auto* r = std::get_if<SearchEvent::Restart>(&e.what)) {
+      CHECK(std::get<SearchEvent::Restart>(back.what).restarts == r->restarts);
+    } else {
+      CHECK(std::get<SearchEvent::End>(back.what).state == std::get<SearchEvent::End>(e.what).state);
+      CHECK(std::get<SearchEvent::End>(back.what).restarts == std::get<SearchEvent::End>(e.what).restarts);
+    }
+  }
+  // The line a runner of an earlier release wrote (Determined's state names) reads as it did.
+  const SearchEvent end =
+      SearchEvent::from_json(dettrial::detail::Json::parse(R"({"event":"end","trial":2,"state":"STOPPED_EARLY","restarts":1})"));
+  CHECK(std::get<SearchEvent::End>(end.what).state == TrialState::stopped_by_searcher);
+  CHECK_THROWS_WITH_AS(SearchEvent::from_json(dettrial::detail::Json::parse(R"({"event":"restart","trial":2})")),
+                       doctest::Contains("restarts"), dettrial::detail::JsonFieldError);
+  CHECK_THROWS_WITH_AS(
+      SearchEvent::from_json(dettrial::detail::Json::parse(R"({"event":"validation","trial":2,"metric":1,"time":1,"stopped":1})")),
+      doctest::Contains("stopped"), dettrial::detail::JsonFieldError);
+}
+
+TEST_CASE("a JSON-lines file: a torn last line is left out and cut before the next append; a file followed by inode and offset") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dettrial-jsonl-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path path = dir / "log.jsonl";
+  const dettrial::detail::JsonlFile file(path);
+  CHECK_THROWS_WITH_AS(file.read(), doctest::Contains("cannot read"), Error);
+  std::ofstream(path, std::ios::binary) << "{\"a\":1}\n\n{\"a\":2}\n{\"a\":";
+  bool torn = false;
+  auto records = file.read(&torn);
+  CHECK(torn);
+  REQUIRE(records.size() == 2);
+  CHECK(records[1]["a"] == 2);
+  // The next record starts a line of its own: the torn one is cut off first.
+  CHECK(file.cut_torn_line());
+  CHECK_FALSE(file.cut_torn_line());
+  file.append({{"a", 3}});
+  records = file.read(&torn);
+  CHECK_FALSE(torn);
+  REQUIRE(records.size() == 3);
+  CHECK(records[2]["a"] == 3);
+  // Damage before the last line is an error naming the file and the line, and so is a line that is not an object.
+  std::ofstream(path, std::ios::binary | std::ios::app) << "[1, 2]\n{\"a\":4}\n";
+  CHECK_THROWS_WITH_AS(file.read(), doctest::Contains(("'" + path.string() + "' line 5 is not a JSON record (it is an array").c_str()),
+                       Error);
+
+  // The tail: complete lines only (one being written waits), in order, each once.
+  const fs::path metrics = dir / "metrics.jsonl";
+  dettrial::detail::JsonlTail tail;
+  CHECK(tail.read_new(metrics).empty());  // not there yet
+  std::ofstream(metrics, std::ios::binary) << "{\"b\":1}\n{\"b\":";
+  auto lines = tail.read_new(metrics);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0]["b"] == 1);
+  std::ofstream(metrics, std::ios::binary | std::ios::app) << "2}\nnot json\n{\"b\":3}\n";
+  lines = tail.read_new(metrics);
+  REQUIRE(lines.size() == 2);  // the line that does not parse is skipped
+  CHECK(lines[0]["b"] == 2);
+  CHECK(lines[1]["b"] == 3);
+  CHECK(tail.read_new(metrics).empty());
+  // A file replaced (a resumed trial rewrites its metrics.jsonl) is read again from its start,
+  // even when the new one is as long as the old.
+  const fs::path replacement = dir / "metrics.jsonl.new";
+  std::ofstream(replacement, std::ios::binary) << "{\"b\":9}\n";
+  fs::rename(replacement, metrics);
+  lines = tail.read_new(metrics);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0]["b"] == 9);
+  fs::remove_all(dir);
 }

@@ -272,13 +272,7 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::load_file(const std::filesyst
 }
 
 DETTRIAL_INLINE ExperimentConfig ExperimentConfig::parse(const std::string& text, std::string source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::ParserException& e) {
-    throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
-                      ": YAML syntax error: " + e.msg);
-  }
+  const YAML::Node root = detail::load_yaml_or_throw<ConfigError>(text, source);
   return from_yaml(root, std::move(source));
 }
 

@@ -145,13 +145,8 @@ DETTRIAL_INLINE std::int64_t Hyperparameters::per_slot_batch_size(std::int64_t s
 }
 
 DETTRIAL_INLINE Hyperparameters Hyperparameters::parse(const std::string& yaml_text, std::string source) {
-  try {
-    YAML::Node root = YAML::Load(yaml_text);
-    return Hyperparameters(std::move(root), source);
-  } catch (const YAML::ParserException& e) {
-    throw HyperparameterError(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
-                              ": YAML syntax error: " + e.msg);
-  }
+  YAML::Node root = detail::load_yaml_or_throw<HyperparameterError>(yaml_text, source);
+  return Hyperparameters(std::move(root), source);
 }
 
 DETTRIAL_INLINE Hyperparameters Hyperparameters::nested(std::string_view path) const {

@@ -107,6 +107,20 @@ DETTRIAL_INLINE std::string suggestion(const std::string& name, const std::vecto
 /// `node` as one line of flow YAML, `{lr: 0.01, layers: 2}`: a trial's hyperparameters in messages.
 DETTRIAL_INLINE std::string one_line(const YAML::Node& node);
 
+/// The one form of a YAML syntax error in a message: "<source>:<line>:<column>: YAML syntax error:
+/// <what yaml-cpp says>" (without the position when yaml-cpp has none).
+DETTRIAL_INLINE std::string yaml_syntax_error(const std::string& source, const YAML::Exception& e);
+
+/// `text` parsed, or a syntax error (yaml_syntax_error's text) thrown as an `ErrorT`.
+template <class ErrorT>
+YAML::Node load_yaml_or_throw(const std::string& text, const std::string& source) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ErrorT(yaml_syntax_error(source, e));
+  }
+}
+
 }  // namespace dettrial::detail
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
@@ -150,6 +164,12 @@ DETTRIAL_INLINE std::string suggestion(const std::string& name, const std::vecto
   for (const auto& n : names)
     if (const std::size_t d = edit_distance(name, n); d <= best_distance && (best.empty() || d < edit_distance(name, best))) best = n;
   return best.empty() ? std::string() : "; did you mean '" + best + "'?";
+}
+
+DETTRIAL_INLINE std::string yaml_syntax_error(const std::string& source, const YAML::Exception& e) {
+  const std::string where =
+      e.mark.is_null() ? source : source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1);
+  return where + ": YAML syntax error: " + e.msg;
 }
 
 DETTRIAL_INLINE std::string one_line(const YAML::Node& node) {

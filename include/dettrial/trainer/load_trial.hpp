@@ -15,6 +15,7 @@
 
 #include "../layout.hpp"
 #include "../checkpoint/checkpoint.hpp"
+#include "../checkpoint/detail/load_data.hpp"
 #include "../checkpoint/storage.hpp"
 #include "../config/experiment_config.hpp"
 #include "../context/context.hpp"
@@ -105,17 +106,10 @@ DETTRIAL_INLINE ExperimentConfig checkpoint_trial_config(const std::filesystem::
     throw CheckpointError("'" + checkpoint.string() +
                           "' has no load_data.json, so the trial cannot be rebuilt from it; "
                           "load only its weights with dettrial::load_weights");
-  YAML::Node load_data;
-  try {
-    load_data = YAML::LoadFile(file.string());
-  } catch (const YAML::Exception& e) {
-    throw CheckpointError("'" + file.string() + "' is not valid JSON: " + e.what());
-  }
-  if (!load_data["experiment_config"] || !load_data["experiment_config"].IsMap())
-    throw CheckpointError("'" + file.string() + "' has no experiment_config");
-  YAML::Node doc = YAML::Clone(load_data["experiment_config"]);
+  const detail::LoadData load_data = detail::LoadData::read(CheckpointFolder{checkpoint});
+  YAML::Node doc = YAML::Clone(load_data.experiment_config);
   // The trial's own hyperparameters (the experiment config may hold the search space they were drawn from).
-  if (load_data["hparams"] && load_data["hparams"].IsMap()) doc["hyperparameters"] = YAML::Clone(load_data["hparams"]);
+  if (load_data.hparams.IsMap()) doc["hyperparameters"] = YAML::Clone(load_data.hparams);
   if (overrides && !overrides.IsNull()) {
     if (!overrides.IsMap())
       throw ConfigError("load_trial_from_checkpoint_path: LoadTrialOptions::hparams must be a map of hyperparameter names to values");

@@ -24,6 +24,7 @@
 #include "../../detail/json_fwd.hpp"
 #include "../../version.hpp"
 #include "../checkpoint.hpp"
+#include "load_data.hpp"
 #include "snapshot.hpp"
 #include "../state_dict.hpp"
 #include "../storage.hpp"
@@ -139,11 +140,9 @@ DETTRIAL_INLINE StateDict callback_states_of(const StateDict& top) {
 }
 
 DETTRIAL_INLINE Json load_data(const Context& c, std::string_view trial_type) {
-  return Json{{"trial_type", "dettrial"},
-              {"experiment_config", yaml_to_json(c.get_experiment_config().yaml)},
-              {"hparams", yaml_to_json(c.get_hparams().yaml())},
-              {"trial_cls_spec", trial_type},
-              {"is_trainer", true}};
+  return LoadData{
+      .experiment_config = c.get_experiment_config().yaml, .hparams = c.get_hparams().yaml(), .trial_type = std::string(trial_type)}
+      .to_json();
 }
 
 DETTRIAL_INLINE TakenCheckpoint take_checkpoint(TrainerKey key, Context& c, const std::filesystem::path& storage, const StateDict& top,
