@@ -22251,13 +22251,13 @@ DETTRIAL_INLINE void Progress::line(const std::string& text) {
 // ---- begin dettrial/report/detail/reporter.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief The one place a fit reports through: the terminal (progress and result lines), the run's
-/// metrics.jsonl and its TensorBoard event files. Only the chief of a job writes; the other ranks
-/// stay quiet.
+/// @brief The one place a fit reports through: the terminal (progress and result lines), and a list
+/// of outlets behind one interface (detail::ReportOutlet: metrics.jsonl, metrics.csv, TensorBoard's
+/// event files, an MLflow run). Only the chief of a job writes; the other ranks stay quiet.
 
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23246,147 +23246,20 @@ DETTRIAL_INLINE std::string MlflowRun::run_id() { return sender_->run_id(); }
 
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/tracking/mlflow.hpp
-// ---- begin dettrial/report/csv_log.hpp
+// ---- begin dettrial/report/detail/outlet.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// @brief metrics.csv: the reports of metrics.jsonl as a table (Keras's CSVLogger, Lightning's
-/// CSVLogger), for a spreadsheet or pandas.
+/// @brief detail::ReportOutlet: where a fit's reports go besides the terminal (metrics.jsonl,
+/// metrics.csv, TensorBoard's event files, an MLflow run), one interface, one file per outlet.
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
-#include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
-
-namespace dettrial {
-
-/**
- * @brief One row per training or validation report: `type,batches,epochs`, then one column per
- * metric, in the order metrics first appeared (a report without a metric leaves its cell empty).
- * When a report brings a new metric, the file is rewritten with the new column (as Lightning's
- * CSVLogger does); otherwise a row is appended. A resumed run starts from its metrics.jsonl, which
- * already left out the reports it redoes.
- */
-class CsvLog {
- public:
-  CsvLog() = default;
-  /// `<dir>/metrics.csv`, its rows first those of `<dir>/metrics.jsonl` as it stands.
-  explicit CsvLog(const std::filesystem::path& dir);
-  bool enabled() const { return !path_.empty(); }
-  const std::filesystem::path& path() const { return path_; }
-
-  void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics);
-
- private:
-  struct Row {
-    std::string type;
-    std::int64_t batches = 0, epochs = 0;
-    std::map<std::string, double> values;
-  };
-  /// Adds `row`'s new metrics as columns; true when there were any.
-  bool add_columns(const Row& row);
-  std::string line(const Row& row) const;
-  void rewrite() const;
-
-  std::filesystem::path path_;
-  std::vector<std::string> columns_;
-  std::vector<Row> rows_;
-};
-
-}  // namespace dettrial
-
-// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
-#if DETTRIAL_HEADER_DEFINITIONS
-#include <algorithm>
-#include <cstdio>
-#include <fstream>
-#include <limits>
-
-
-namespace dettrial {
-
-DETTRIAL_INLINE CsvLog::CsvLog(const std::filesystem::path& dir) : path_(RunFolder{dir}.metrics_csv()) {
-  std::ifstream in(RunFolder{dir}.metrics_log());
-  for (std::string text; std::getline(in, text);) {
-    const detail::Json record = detail::Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (!record.is_object()) continue;
-    const std::string type = record.value("type", std::string());
-    if (type != "training" && type != "validation") continue;
-    Row row{type, record.value("batches", std::int64_t{0}), record.value("epochs", std::int64_t{0}), {}};
-    const detail::Json metrics = record.value("metrics", detail::Json::object());
-    for (const auto& [name, value] : metrics.items())
-      if (name != "batches" && name != "epochs")
-        row.values[name] = value.is_number() ? value.get<double>() : std::numeric_limits<double>::quiet_NaN();
-    add_columns(row);
-    rows_.push_back(std::move(row));
-  }
-  rewrite();
-}
-
-DETTRIAL_INLINE void CsvLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics) {
-  if (!enabled()) return;
-  Row row{std::string(type), batches, epochs, {}};
-  for (const auto& [name, value] : metrics)
-    if (name != "batches" && name != "epochs") row.values[name] = value;
-  const bool new_columns = add_columns(row);
-  rows_.push_back(std::move(row));
-  if (new_columns) {
-    rewrite();
-    return;
-  }
-  std::ofstream out(path_, std::ios::app);
-  out << line(rows_.back());
-}
-
-DETTRIAL_INLINE bool CsvLog::add_columns(const Row& row) {
-  bool added = false;
-  for (const auto& [name, value] : row.values) {
-    if (std::find(columns_.begin(), columns_.end(), name) != columns_.end()) continue;
-    columns_.push_back(name);
-    added = true;
-  }
-  return added;
-}
-
-DETTRIAL_INLINE std::string CsvLog::line(const Row& row) const {
-  std::string text = row.type + "," + std::to_string(row.batches) + "," + std::to_string(row.epochs);
-  for (const std::string& column : columns_) {
-    text += ',';
-    const auto found = row.values.find(column);
-    if (found == row.values.end()) continue;
-    if (found->second != found->second) {
-      text += "nan";
-      continue;
-    }
-    char number[32];
-    std::snprintf(number, sizeof number, "%.9g", found->second);
-    text += number;
-  }
-  return text + "\n";
-}
-
-DETTRIAL_INLINE void CsvLog::rewrite() const {
-  std::string text = "type,batches,epochs";
-  for (const std::string& column : columns_) {
-    // A name with a comma or a quote is quoted, as RFC 4180 says.
-    if (column.find_first_of(",\"\n") == std::string::npos) {
-      text += "," + column;
-      continue;
-    }
-    std::string quoted = "\"";
-    for (const char c : column) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
-    text += "," + quoted + "\"";
-  }
-  text += "\n";
-  for (const Row& row : rows_) text += line(row);
-  detail::write_atomically(path_, text);
-}
-
-}  // namespace dettrial
-#endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/report/csv_log.hpp
 // ---- begin dettrial/report/detail/system_metrics.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -24027,16 +23900,114 @@ struct PhaseTimes {
 /// optimizer's and group's indices (`lr_1`, `lr_group_2`, `lr_1_group_2`).
 using LearningRates = std::vector<std::pair<std::string, double>>;
 
+/// A training workload's report: its averaged metrics, the job's samples per second, where the
+/// chief's time went (`seconds` in all) and the learning rates after its last step.
+struct TrainingReport {
+  std::int64_t batches, epochs;
+  const MetricValues& metrics;
+  double samples_per_second, seconds;
+  const PhaseTimes& phases;
+  const LearningRates& learning_rates;
+
+  /// The phases by the names every outlet gives them ("data", ..., "checkpoint_wait", "total").
+  std::array<std::pair<const char*, double>, 6> phase_seconds() const {
+    return {{{"data", phases.data},
+             {"train_batch", phases.train_batch},
+             {"backward", phases.backward},
+             {"optimizer_step", phases.optimizer_step},
+             {"checkpoint_wait", phases.checkpoint_wait},
+             {"total", seconds}}};
+  }
+};
+
+/// A validation's metrics, over `records` records (0: not counted) in `seconds`.
+struct ValidationReport {
+  std::int64_t batches, epochs;
+  const MetricValues& metrics;
+  std::int64_t records;
+  double seconds;
+};
+
+/// A checkpoint written at `batches`: training stood still `seconds` for it, and its write went on
+/// `write_seconds` from there.
+struct CheckpointReport {
+  std::int64_t batches, epochs;
+  const std::filesystem::path& path;
+  double seconds, write_seconds;
+};
+
+/// The machine's system metrics at `batches` trained.
+struct SystemMetricsReport {
+  std::int64_t batches, epochs;
+  const SystemReport& report;
+};
+
+/// A run continued at `batches` on `ranks` ranks from a checkpoint written by `ranks_before`:
+/// restart `restart` of a launcher that restarted the job (0: resumed by hand).
+struct RestartReport {
+  std::int64_t batches, epochs, ranks_before, ranks, restart;
+};
+
+/**
+ * @brief An outlet of a fit's reports (Lightning's loggers as a list): the Reporter hands each
+ * report to every outlet it holds, in order; an outlet writes what it keeps of it and ignores the
+ * rest (each hook does nothing unless overridden). A new outlet is a new file with a class of its
+ * own, added where the fit's outputs open (trainer/detail/outputs.hpp), never an edit of the
+ * Reporter. Called once per workload, validation, checkpoint or report: never per batch.
+ */
+class ReportOutlet {
+ public:
+  virtual ~ReportOutlet() = default;
+  virtual void training(const TrainingReport&) {}
+  virtual void validation(const ValidationReport&) {}
+  virtual void checkpoint(const CheckpointReport&) {}
+  virtual void system(const SystemMetricsReport&) {}
+  virtual void restart(const RestartReport&) {}
+};
+
+/// Every metric but the counters (`batches`, `epochs`: a step says them), named `<prefix><name>`.
+DETTRIAL_INLINE std::vector<std::pair<std::string, double>> prefixed_metrics(std::string_view prefix, const MetricValues& metrics);
+
+/// A system report's figures as scalars: `system/<metric>`, and `system/gpu_util/<uuid>` and
+/// `system/gpu_free_memory/<uuid>` for each GPU.
+DETTRIAL_INLINE std::vector<std::pair<std::string, double>> system_scalars(const SystemReport& report);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::vector<std::pair<std::string, double>> prefixed_metrics(std::string_view prefix, const MetricValues& metrics) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [name, value] : metrics)
+    if (name != "batches" && name != "epochs") out.emplace_back(std::string(prefix) + name, value);
+  return out;
+}
+
+DETTRIAL_INLINE std::vector<std::pair<std::string, double>> system_scalars(const SystemReport& report) {
+  std::vector<std::pair<std::string, double>> values;
+  for (const auto& [name, value] : report.values) values.emplace_back("system/" + name, value);
+  for (const SystemReport::Gpu& gpu : report.gpus) {
+    values.emplace_back("system/gpu_util/" + gpu.uuid, gpu.gpu_util);
+    values.emplace_back("system/gpu_free_memory/" + gpu.uuid, gpu.gpu_free_memory);
+  }
+  return values;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/report/detail/outlet.hpp
+
+namespace dettrial::detail {
+
 /// The hyperparameters as TensorBoard's hparams dashboard lists them: nested ones by dotted name,
 /// numbers as numbers, true/false as booleans, lists and anything else as their YAML text.
 DETTRIAL_INLINE std::vector<std::pair<std::string, HParamValue>> flat_hparams(const Hyperparameters& hparams);
 
-/// A system metrics report as a metrics.jsonl record's fields: `time` (UTC, ISO 8601), each metric
-/// by Determined's name, and `gpu_util` and `gpu_free_memory` by GPU UUID.
-DETTRIAL_INLINE Json system_record(const SystemReport& report);
-
-/// What a fit reports, in the words and files users read: one object, so that new outlets (event
-/// files, a profiler) plug in here rather than into the loop.
+/// What a fit reports, in the words and files users read: one object, which writes the terminal's
+/// lines and hands each report to its outlets in order, so that a new outlet plugs in as a
+/// ReportOutlet rather than into the loop or this class.
 class Reporter {
  public:
   Reporter() = default;
@@ -24048,6 +24019,10 @@ class Reporter {
   /// same go to it.
   Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir, std::optional<std::int64_t> resumed_at,
            TensorBoardWriter* tensorboard = nullptr, MlflowRun* mlflow = nullptr);
+
+  /// An outlet more, after those above: it gets every later report (on the chief only: give none
+  /// to another rank's Reporter).
+  void add_outlet(std::unique_ptr<ReportOutlet> outlet) { outlets_.push_back(std::move(outlet)); }
 
   /// A line of its own (start-up facts, warnings, stops).
   void line(const std::string& text) { progress_.line(text); }
@@ -24082,16 +24057,219 @@ class Reporter {
   void restart(std::int64_t batches, std::int64_t epochs, std::int64_t ranks_before, std::int64_t ranks, std::int64_t restart);
 
  private:
-  /// Every metric but the counters (`batches`, `epochs`: TensorBoard's step already says them).
-  void add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step);
-  /// The same metrics named `<prefix><name>`, for MLflow.
-  static std::vector<std::pair<std::string, double>> prefixed(std::string_view prefix, const MetricValues& metrics);
+  /// Hands `report` to each outlet's `hook`, in order.
+  template <class Report>
+  void to_outlets(void (ReportOutlet::*hook)(const Report&), const Report& report) {
+    for (const auto& outlet : outlets_) ((*outlet).*hook)(report);
+  }
 
   Progress progress_{};
-  MetricsLog log_{};
-  CsvLog csv_{};
-  TensorBoardWriter* tensorboard_ = nullptr;
-  MlflowRun* mlflow_ = nullptr;
+  std::vector<std::unique_ptr<ReportOutlet>> outlets_;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cstdio>
+
+// ---- begin dettrial/report/detail/csv_outlet.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The run's metrics.csv as an outlet of the fit's reports: the training and validation
+/// reports as a table.
+
+#include <filesystem>
+
+// ---- begin dettrial/report/csv_log.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief metrics.csv: the reports of metrics.jsonl as a table (Keras's CSVLogger, Lightning's
+/// CSVLogger), for a spreadsheet or pandas.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace dettrial {
+
+/**
+ * @brief One row per training or validation report: `type,batches,epochs`, then one column per
+ * metric, in the order metrics first appeared (a report without a metric leaves its cell empty).
+ * When a report brings a new metric, the file is rewritten with the new column (as Lightning's
+ * CSVLogger does); otherwise a row is appended. A resumed run starts from its metrics.jsonl, which
+ * already left out the reports it redoes.
+ */
+class CsvLog {
+ public:
+  CsvLog() = default;
+  /// `<dir>/metrics.csv`, its rows first those of `<dir>/metrics.jsonl` as it stands.
+  explicit CsvLog(const std::filesystem::path& dir);
+  bool enabled() const { return !path_.empty(); }
+  const std::filesystem::path& path() const { return path_; }
+
+  void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics);
+
+ private:
+  struct Row {
+    std::string type;
+    std::int64_t batches = 0, epochs = 0;
+    std::map<std::string, double> values;
+  };
+  /// Adds `row`'s new metrics as columns; true when there were any.
+  bool add_columns(const Row& row);
+  std::string line(const Row& row) const;
+  void rewrite() const;
+
+  std::filesystem::path path_;
+  std::vector<std::string> columns_;
+  std::vector<Row> rows_;
+};
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+
+
+namespace dettrial {
+
+DETTRIAL_INLINE CsvLog::CsvLog(const std::filesystem::path& dir) : path_(RunFolder{dir}.metrics_csv()) {
+  std::ifstream in(RunFolder{dir}.metrics_log());
+  for (std::string text; std::getline(in, text);) {
+    const detail::Json record = detail::Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object()) continue;
+    const std::string type = record.value("type", std::string());
+    if (type != "training" && type != "validation") continue;
+    Row row{type, record.value("batches", std::int64_t{0}), record.value("epochs", std::int64_t{0}), {}};
+    const detail::Json metrics = record.value("metrics", detail::Json::object());
+    for (const auto& [name, value] : metrics.items())
+      if (name != "batches" && name != "epochs")
+        row.values[name] = value.is_number() ? value.get<double>() : std::numeric_limits<double>::quiet_NaN();
+    add_columns(row);
+    rows_.push_back(std::move(row));
+  }
+  rewrite();
+}
+
+DETTRIAL_INLINE void CsvLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics) {
+  if (!enabled()) return;
+  Row row{std::string(type), batches, epochs, {}};
+  for (const auto& [name, value] : metrics)
+    if (name != "batches" && name != "epochs") row.values[name] = value;
+  const bool new_columns = add_columns(row);
+  rows_.push_back(std::move(row));
+  if (new_columns) {
+    rewrite();
+    return;
+  }
+  std::ofstream out(path_, std::ios::app);
+  out << line(rows_.back());
+}
+
+DETTRIAL_INLINE bool CsvLog::add_columns(const Row& row) {
+  bool added = false;
+  for (const auto& [name, value] : row.values) {
+    if (std::find(columns_.begin(), columns_.end(), name) != columns_.end()) continue;
+    columns_.push_back(name);
+    added = true;
+  }
+  return added;
+}
+
+DETTRIAL_INLINE std::string CsvLog::line(const Row& row) const {
+  std::string text = row.type + "," + std::to_string(row.batches) + "," + std::to_string(row.epochs);
+  for (const std::string& column : columns_) {
+    text += ',';
+    const auto found = row.values.find(column);
+    if (found == row.values.end()) continue;
+    if (found->second != found->second) {
+      text += "nan";
+      continue;
+    }
+    char number[32];
+    std::snprintf(number, sizeof number, "%.9g", found->second);
+    text += number;
+  }
+  return text + "\n";
+}
+
+DETTRIAL_INLINE void CsvLog::rewrite() const {
+  std::string text = "type,batches,epochs";
+  for (const std::string& column : columns_) {
+    // A name with a comma or a quote is quoted, as RFC 4180 says.
+    if (column.find_first_of(",\"\n") == std::string::npos) {
+      text += "," + column;
+      continue;
+    }
+    std::string quoted = "\"";
+    for (const char c : column) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+    text += "," + quoted + "\"";
+  }
+  text += "\n";
+  for (const Row& row : rows_) text += line(row);
+  detail::write_atomically(path_, text);
+}
+
+}  // namespace dettrial
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/report/csv_log.hpp
+
+namespace dettrial::detail {
+
+/// `<output_dir>/metrics.csv`: a row per training and validation report (CsvLog's columns).
+class CsvOutlet final : public ReportOutlet {
+ public:
+  explicit CsvOutlet(const std::filesystem::path& output_dir) : csv_(output_dir) {}
+  void training(const TrainingReport& r) override { csv_.write("training", r.batches, r.epochs, r.metrics); }
+  void validation(const ValidationReport& r) override { csv_.write("validation", r.batches, r.epochs, r.metrics); }
+
+ private:
+  CsvLog csv_;
+};
+
+}  // namespace dettrial::detail
+// ---- end dettrial/report/detail/csv_outlet.hpp
+// ---- begin dettrial/report/detail/metrics_log_outlet.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The run's metrics.jsonl as an outlet of the fit's reports: every report a record.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+
+
+namespace dettrial::detail {
+
+/// A system metrics report as a metrics.jsonl record's fields: `time` (UTC, ISO 8601), each metric
+/// by Determined's name, and `gpu_util` and `gpu_free_memory` by GPU UUID.
+DETTRIAL_INLINE Json system_record(const SystemReport& report);
+
+/// `<output_dir>/metrics.jsonl`: a `training`, `validation`, `checkpoint`, `system` or `restart`
+/// record per report (MetricsLog's format, which the report pages and the search runner read).
+class MetricsLogOutlet final : public ReportOutlet {
+ public:
+  /// Drops the records a run resumed at batch `resumed_at` redoes, saying so on stderr (also under
+  /// --quiet: a trial's log says why its metrics.jsonl shrank).
+  DETTRIAL_INLINE MetricsLogOutlet(const std::filesystem::path& output_dir, std::optional<std::int64_t> resumed_at);
+
+  DETTRIAL_INLINE void training(const TrainingReport& r) override;
+  DETTRIAL_INLINE void validation(const ValidationReport& r) override;
+  DETTRIAL_INLINE void checkpoint(const CheckpointReport& r) override;
+  DETTRIAL_INLINE void system(const SystemMetricsReport& r) override;
+  DETTRIAL_INLINE void restart(const RestartReport& r) override;
+
+ private:
+  MetricsLog log_;
 };
 
 }  // namespace dettrial::detail
@@ -24099,7 +24277,237 @@ class Reporter {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <chrono>
+#include <cstdio>
 #include <ctime>
+#include <utility>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE Json system_record(const SystemReport& report) {
+  const auto since_epoch = report.time.time_since_epoch();
+  const std::time_t seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch).count();
+  const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count() % 1000;
+  std::tm utc{};
+  ::gmtime_r(&seconds, &utc);
+  char time[40];
+  const std::size_t n = std::strftime(time, sizeof time, "%Y-%m-%dT%H:%M:%S", &utc);
+  std::snprintf(time + n, sizeof time - n, ".%03dZ", static_cast<int>(millis));
+  Json record = {{"time", time}};
+  for (const auto& [name, value] : report.values) record[name] = value;
+  if (!report.gpus.empty()) {
+    Json util = Json::object(), free_memory = Json::object();
+    for (const SystemReport::Gpu& gpu : report.gpus) {
+      util[gpu.uuid] = gpu.gpu_util;
+      free_memory[gpu.uuid] = gpu.gpu_free_memory;
+    }
+    record["gpu_util"] = std::move(util);
+    record["gpu_free_memory"] = std::move(free_memory);
+  }
+  return record;
+}
+
+DETTRIAL_INLINE MetricsLogOutlet::MetricsLogOutlet(const std::filesystem::path& output_dir, std::optional<std::int64_t> resumed_at)
+    : log_(output_dir, resumed_at) {
+  if (log_.dropped() > 0)
+    std::fprintf(
+        stderr,
+        "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
+        static_cast<long long>(resumed_at.value_or(0)), log_.dropped(), log_.path().c_str());
+}
+
+DETTRIAL_INLINE void MetricsLogOutlet::training(const TrainingReport& r) {
+  Json extra = {{"samples_per_second", r.samples_per_second}};
+  Json times = Json::object();
+  for (const auto& [phase, value] : r.phase_seconds()) times[phase] = value;
+  extra["seconds"] = std::move(times);
+  if (!r.learning_rates.empty()) {
+    Json lrs = Json::object();
+    for (const auto& [name, lr] : r.learning_rates) lrs[name] = lr;
+    extra["learning_rates"] = std::move(lrs);
+  }
+  log_.write("training", r.batches, r.epochs, r.metrics, extra);
+}
+
+DETTRIAL_INLINE void MetricsLogOutlet::validation(const ValidationReport& r) {
+  log_.write("validation", r.batches, r.epochs, r.metrics, Json{{"seconds", r.seconds}});
+}
+
+DETTRIAL_INLINE void MetricsLogOutlet::checkpoint(const CheckpointReport& r) {
+  log_.write("checkpoint", r.batches, r.epochs, MetricValues{},
+             Json{{"seconds", r.seconds}, {"write_seconds", r.write_seconds}, {"uuid", r.path.filename().string()}});
+}
+
+DETTRIAL_INLINE void MetricsLogOutlet::system(const SystemMetricsReport& r) {
+  log_.write("system", r.batches, r.epochs, MetricValues{}, system_record(r.report));
+}
+
+DETTRIAL_INLINE void MetricsLogOutlet::restart(const RestartReport& r) {
+  Json extra = {{"ranks_before", r.ranks_before}, {"ranks", r.ranks}};
+  if (r.restart > 0) extra["restart"] = r.restart;
+  log_.write("restart", r.batches, r.epochs, MetricValues{}, extra);
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/report/detail/metrics_log_outlet.hpp
+// ---- begin dettrial/report/detail/mlflow_outlet.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief An MLflow run as an outlet of the fit's reports: metrics, and tags for checkpoints and restarts.
+
+
+namespace dettrial::detail {
+
+/// The fit's MlflowRun (which keeps what its server does not take, and sends it later): the
+/// metrics by TensorBoard's names, the learning rates and phase times as tags too, each checkpoint
+/// and restart as tags.
+class MlflowOutlet final : public ReportOutlet {
+ public:
+  explicit MlflowOutlet(MlflowRun& run) : run_(&run) {}
+
+  DETTRIAL_INLINE void training(const TrainingReport& r) override;
+  DETTRIAL_INLINE void validation(const ValidationReport& r) override;
+  DETTRIAL_INLINE void checkpoint(const CheckpointReport& r) override;
+  DETTRIAL_INLINE void system(const SystemMetricsReport& r) override;
+  DETTRIAL_INLINE void restart(const RestartReport& r) override;
+
+ private:
+  MlflowRun* run_;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void MlflowOutlet::training(const TrainingReport& r) {
+  std::vector<std::pair<std::string, double>> values = prefixed_metrics("train/", r.metrics);
+  values.emplace_back("train/samples_per_second", r.samples_per_second);
+  Json rates = Json::object(), times = Json::object();
+  for (const auto& [name, lr] : r.learning_rates) {
+    values.emplace_back("train/" + name, lr);
+    rates[name] = lr;
+  }
+  for (const auto& [phase, value] : r.phase_seconds()) {
+    values.emplace_back(std::string("timing/") + phase + "_seconds", value);
+    times[phase] = value;
+  }
+  run_->log_metrics("training", r.batches, values, {{"dettrial.learning_rates", rates.dump()}, {"dettrial.phase_seconds", times.dump()}});
+}
+
+DETTRIAL_INLINE void MlflowOutlet::validation(const ValidationReport& r) {
+  std::vector<std::pair<std::string, double>> values = prefixed_metrics("validation/", r.metrics);
+  values.emplace_back("timing/validation_seconds", r.seconds);
+  run_->log_metrics("validation", r.batches, values);
+}
+
+DETTRIAL_INLINE void MlflowOutlet::checkpoint(const CheckpointReport& r) {
+  const std::string uuid = r.path.filename().string();
+  run_->log_metrics("checkpoint", r.batches, {},
+                    {{"dettrial.checkpoint.batch_" + std::to_string(r.batches), uuid + " " + r.path.string()},
+                     {"dettrial.checkpoint.latest", uuid},
+                     {"dettrial.checkpoint.latest_path", r.path.string()}});
+}
+
+DETTRIAL_INLINE void MlflowOutlet::system(const SystemMetricsReport& r) {
+  run_->log_metrics("system", r.batches, system_scalars(r.report));
+}
+
+DETTRIAL_INLINE void MlflowOutlet::restart(const RestartReport& r) {
+  run_->log_metrics("restart", r.batches, {},
+                    {{"dettrial.restart.batch_" + std::to_string(r.batches),
+                      std::to_string(r.ranks_before) + " -> " + std::to_string(r.ranks) + " ranks"}});
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/report/detail/mlflow_outlet.hpp
+// ---- begin dettrial/report/detail/tensorboard_outlet.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief TensorBoard's event files as an outlet of the fit's reports: the same numbers as scalars.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+
+namespace dettrial::detail {
+
+/// The trial's TensorBoardWriter (the Context's, which outlives the fit): `train/<metric>`,
+/// `validation/<metric>`, `train/lr`, `train/samples_per_second`, `timing/<phase>_seconds`,
+/// `timing/validation_seconds`, `timing/checkpoint_seconds` and `system/<metric>`, each flushed
+/// with its report.
+class TensorBoardOutlet final : public ReportOutlet {
+ public:
+  /// Says on stderr how many events a run resumed at batch `resumed_at` dropped (the writer dropped them).
+  DETTRIAL_INLINE TensorBoardOutlet(TensorBoardWriter& writer, std::optional<std::int64_t> resumed_at);
+
+  DETTRIAL_INLINE void training(const TrainingReport& r) override;
+  DETTRIAL_INLINE void validation(const ValidationReport& r) override;
+  DETTRIAL_INLINE void checkpoint(const CheckpointReport& r) override;
+  DETTRIAL_INLINE void system(const SystemMetricsReport& r) override;
+
+ private:
+  DETTRIAL_INLINE void add_metrics(std::string_view prefix, const MetricValues& metrics, std::int64_t step);
+
+  TensorBoardWriter* writer_;
+};
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <cstdio>
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE TensorBoardOutlet::TensorBoardOutlet(TensorBoardWriter& writer, std::optional<std::int64_t> resumed_at) : writer_(&writer) {
+  if (writer.dropped() > 0)
+    std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu event(s) of %s written after that checkpoint\n",
+                 static_cast<long long>(resumed_at.value_or(0)), writer.dropped(), writer.dir().c_str());
+}
+
+DETTRIAL_INLINE void TensorBoardOutlet::add_metrics(std::string_view prefix, const MetricValues& metrics, std::int64_t step) {
+  for (const auto& [tag, value] : prefixed_metrics(prefix, metrics)) writer_->add_scalar(tag, value, step);
+}
+
+DETTRIAL_INLINE void TensorBoardOutlet::training(const TrainingReport& r) {
+  add_metrics("train/", r.metrics, r.batches);
+  writer_->add_scalar("train/samples_per_second", r.samples_per_second, r.batches);
+  for (const auto& [name, lr] : r.learning_rates) writer_->add_scalar("train/" + name, lr, r.batches);
+  for (const auto& [phase, value] : r.phase_seconds()) writer_->add_scalar(std::string("timing/") + phase + "_seconds", value, r.batches);
+  writer_->flush();
+}
+
+DETTRIAL_INLINE void TensorBoardOutlet::validation(const ValidationReport& r) {
+  add_metrics("validation/", r.metrics, r.batches);
+  writer_->add_scalar("timing/validation_seconds", r.seconds, r.batches);
+  writer_->flush();
+}
+
+DETTRIAL_INLINE void TensorBoardOutlet::checkpoint(const CheckpointReport& r) {
+  writer_->add_scalar("timing/checkpoint_seconds", r.seconds, r.batches);
+  writer_->add_scalar("timing/checkpoint_write_seconds", r.write_seconds, r.batches);
+  writer_->flush();
+}
+
+DETTRIAL_INLINE void TensorBoardOutlet::system(const SystemMetricsReport& r) {
+  for (const auto& [tag, value] : system_scalars(r.report)) writer_->add_scalar(tag, value, r.batches);
+  writer_->flush();
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/report/detail/tensorboard_outlet.hpp
 
 namespace dettrial::detail {
 
@@ -24142,20 +24550,14 @@ DETTRIAL_INLINE std::vector<std::pair<std::string, HParamValue>> flat_hparams(co
 
 DETTRIAL_INLINE Reporter::Reporter(bool writes, ReportOptions options, const std::filesystem::path& output_dir,
                                    std::optional<std::int64_t> resumed_at, TensorBoardWriter* tensorboard, MlflowRun* mlflow) {
-  if (writes) log_ = MetricsLog(output_dir, resumed_at);
-  if (writes) csv_ = CsvLog(output_dir);
-  if (writes) tensorboard_ = tensorboard;
-  if (writes) mlflow_ = mlflow;
   if (!writes) options.quiet = true;
   progress_ = Progress(options);
-  if (log_.dropped() > 0)  // also under --quiet: a trial's log says why its metrics.jsonl shrank
-    std::fprintf(
-        stderr,
-        "dettrial: resuming at batch %lld: dropped %zu record(s) of %s written after that checkpoint (that training is done again)\n",
-        static_cast<long long>(resumed_at.value_or(0)), log_.dropped(), log_.path().c_str());
-  if (tensorboard_ && tensorboard_->dropped() > 0)
-    std::fprintf(stderr, "dettrial: resuming at batch %lld: dropped %zu event(s) of %s written after that checkpoint\n",
-                 static_cast<long long>(resumed_at.value_or(0)), tensorboard_->dropped(), tensorboard_->dir().c_str());
+  if (!writes) return;
+  // The order each report reaches them in: the files first, then the servers and event files.
+  outlets_.push_back(std::make_unique<MetricsLogOutlet>(output_dir, resumed_at));
+  outlets_.push_back(std::make_unique<CsvOutlet>(output_dir));
+  if (mlflow) outlets_.push_back(std::make_unique<MlflowOutlet>(*mlflow));
+  if (tensorboard) outlets_.push_back(std::make_unique<TensorBoardOutlet>(*tensorboard, resumed_at));
 }
 
 DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, double samples_per_second,
@@ -24163,47 +24565,13 @@ DETTRIAL_INLINE void Reporter::training(std::int64_t batches, std::int64_t epoch
   char tail[64];
   std::snprintf(tail, sizeof tail, "  (%.1f samples/s)", samples_per_second);
   progress_.line("[train]" + format_metrics(metrics) + tail);
-  const std::pair<const char*, double> phase_seconds[] = {{"data", phases.data},
-                                                          {"train_batch", phases.train_batch},
-                                                          {"backward", phases.backward},
-                                                          {"optimizer_step", phases.optimizer_step},
-                                                          {"checkpoint_wait", phases.checkpoint_wait},
-                                                          {"total", seconds}};
-  if (log_.enabled()) {
-    Json extra = {{"samples_per_second", samples_per_second}};
-    Json times = Json::object();
-    for (const auto& [phase, value] : phase_seconds) times[phase] = value;
-    extra["seconds"] = std::move(times);
-    if (!learning_rates.empty()) {
-      Json lrs = Json::object();
-      for (const auto& [name, lr] : learning_rates) lrs[name] = lr;
-      extra["learning_rates"] = std::move(lrs);
-    }
-    log_.write("training", batches, epochs, metrics, extra);
-    csv_.write("training", batches, epochs, metrics);
-  }
-  if (mlflow_) {
-    std::vector<std::pair<std::string, double>> values = prefixed("train/", metrics);
-    values.emplace_back("train/samples_per_second", samples_per_second);
-    Json rates = Json::object(), times = Json::object();
-    for (const auto& [name, lr] : learning_rates) {
-      values.emplace_back("train/" + name, lr);
-      rates[name] = lr;
-    }
-    for (const auto& [phase, value] : phase_seconds) {
-      values.emplace_back(std::string("timing/") + phase + "_seconds", value);
-      times[phase] = value;
-    }
-    mlflow_->log_metrics("training", batches, values,
-                         {{"dettrial.learning_rates", rates.dump()}, {"dettrial.phase_seconds", times.dump()}});
-  }
-  if (tensorboard_) {
-    add_scalars("train/", metrics, batches);
-    tensorboard_->add_scalar("train/samples_per_second", samples_per_second, batches);
-    for (const auto& [name, lr] : learning_rates) tensorboard_->add_scalar("train/" + name, lr, batches);
-    for (const auto& [phase, value] : phase_seconds) tensorboard_->add_scalar(std::string("timing/") + phase + "_seconds", value, batches);
-    tensorboard_->flush();
-  }
+  to_outlets(&ReportOutlet::training, TrainingReport{.batches = batches,
+                                                     .epochs = epochs,
+                                                     .metrics = metrics,
+                                                     .samples_per_second = samples_per_second,
+                                                     .seconds = seconds,
+                                                     .phases = phases,
+                                                     .learning_rates = learning_rates});
 }
 
 DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epochs, const MetricValues& metrics, std::int64_t records,
@@ -24212,18 +24580,8 @@ DETTRIAL_INLINE void Reporter::validation(std::int64_t batches, std::int64_t epo
   if (records > 0) std::snprintf(tail, sizeof tail, "  (%lld records in %.2f s)", static_cast<long long>(records), seconds);
   else std::snprintf(tail, sizeof tail, "  (%.2f s)", seconds);
   progress_.line("[validation]" + format_metrics(metrics) + tail);
-  log_.write("validation", batches, epochs, metrics, Json{{"seconds", seconds}});
-  csv_.write("validation", batches, epochs, metrics);
-  if (mlflow_) {
-    std::vector<std::pair<std::string, double>> values = prefixed("validation/", metrics);
-    values.emplace_back("timing/validation_seconds", seconds);
-    mlflow_->log_metrics("validation", batches, values);
-  }
-  if (tensorboard_) {
-    add_scalars("validation/", metrics, batches);
-    tensorboard_->add_scalar("timing/validation_seconds", seconds, batches);
-    tensorboard_->flush();
-  }
+  to_outlets(&ReportOutlet::validation,
+             ValidationReport{.batches = batches, .epochs = epochs, .metrics = metrics, .records = records, .seconds = seconds});
 }
 
 DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, std::int64_t epochs, const std::filesystem::path& path, double seconds,
@@ -24232,58 +24590,12 @@ DETTRIAL_INLINE void Reporter::checkpoint(std::int64_t batches, std::int64_t epo
   if (write_seconds > 0.005) std::snprintf(tail, sizeof tail, " (%.2f s, then %.2f s in the background)", seconds, write_seconds);
   else std::snprintf(tail, sizeof tail, " (%.2f s)", seconds);
   progress_.line("[checkpoint] batches " + std::to_string(batches) + ": " + path.string() + tail);
-  log_.write("checkpoint", batches, epochs, MetricValues{},
-             Json{{"seconds", seconds}, {"write_seconds", write_seconds}, {"uuid", path.filename().string()}});
-  if (mlflow_) {
-    const std::string uuid = path.filename().string();
-    mlflow_->log_metrics("checkpoint", batches, {},
-                         {{"dettrial.checkpoint.batch_" + std::to_string(batches), uuid + " " + path.string()},
-                          {"dettrial.checkpoint.latest", uuid},
-                          {"dettrial.checkpoint.latest_path", path.string()}});
-  }
-  if (tensorboard_) {
-    tensorboard_->add_scalar("timing/checkpoint_seconds", seconds, batches);
-    tensorboard_->add_scalar("timing/checkpoint_write_seconds", write_seconds, batches);
-    tensorboard_->flush();
-  }
-}
-
-DETTRIAL_INLINE Json system_record(const SystemReport& report) {
-  const auto since_epoch = report.time.time_since_epoch();
-  const std::time_t seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch).count();
-  const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count() % 1000;
-  std::tm utc{};
-  ::gmtime_r(&seconds, &utc);
-  char time[40];
-  const std::size_t n = std::strftime(time, sizeof time, "%Y-%m-%dT%H:%M:%S", &utc);
-  std::snprintf(time + n, sizeof time - n, ".%03dZ", static_cast<int>(millis));
-  Json record = {{"time", time}};
-  for (const auto& [name, value] : report.values) record[name] = value;
-  if (!report.gpus.empty()) {
-    Json util = Json::object(), free_memory = Json::object();
-    for (const SystemReport::Gpu& gpu : report.gpus) {
-      util[gpu.uuid] = gpu.gpu_util;
-      free_memory[gpu.uuid] = gpu.gpu_free_memory;
-    }
-    record["gpu_util"] = std::move(util);
-    record["gpu_free_memory"] = std::move(free_memory);
-  }
-  return record;
+  to_outlets(&ReportOutlet::checkpoint,
+             CheckpointReport{.batches = batches, .epochs = epochs, .path = path, .seconds = seconds, .write_seconds = write_seconds});
 }
 
 DETTRIAL_INLINE void Reporter::system(std::int64_t batches, std::int64_t epochs, const SystemReport& report) {
-  log_.write("system", batches, epochs, MetricValues{}, system_record(report));
-  std::vector<std::pair<std::string, double>> values;
-  for (const auto& [name, value] : report.values) values.emplace_back("system/" + name, value);
-  for (const SystemReport::Gpu& gpu : report.gpus) {
-    values.emplace_back("system/gpu_util/" + gpu.uuid, gpu.gpu_util);
-    values.emplace_back("system/gpu_free_memory/" + gpu.uuid, gpu.gpu_free_memory);
-  }
-  if (mlflow_) mlflow_->log_metrics("system", batches, values);
-  if (tensorboard_) {
-    for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, batches);
-    tensorboard_->flush();
-  }
+  to_outlets(&ReportOutlet::system, SystemMetricsReport{.batches = batches, .epochs = epochs, .report = report});
 }
 
 DETTRIAL_INLINE void Reporter::restart(std::int64_t batches, std::int64_t epochs, std::int64_t ranks_before, std::int64_t ranks,
@@ -24292,24 +24604,8 @@ DETTRIAL_INLINE void Reporter::restart(std::int64_t batches, std::int64_t epochs
   progress_.line("[restart] batches " + std::to_string(batches) + ": " +
                  (restart > 0 ? "restart " + std::to_string(restart) + ", " : std::string("resumed, ")) + "on " + count(ranks) +
                  (ranks_before == ranks ? "" : " (the checkpoint's job had " + count(ranks_before) + ")"));
-  Json extra = {{"ranks_before", ranks_before}, {"ranks", ranks}};
-  if (restart > 0) extra["restart"] = restart;
-  log_.write("restart", batches, epochs, MetricValues{}, extra);
-  if (mlflow_)
-    mlflow_->log_metrics(
-        "restart", batches, {},
-        {{"dettrial.restart.batch_" + std::to_string(batches), std::to_string(ranks_before) + " -> " + std::to_string(ranks) + " ranks"}});
-}
-
-DETTRIAL_INLINE std::vector<std::pair<std::string, double>> Reporter::prefixed(std::string_view prefix, const MetricValues& metrics) {
-  std::vector<std::pair<std::string, double>> out;
-  for (const auto& [name, value] : metrics)
-    if (name != "batches" && name != "epochs") out.emplace_back(std::string(prefix) + name, value);
-  return out;
-}
-
-DETTRIAL_INLINE void Reporter::add_scalars(std::string_view prefix, const MetricValues& metrics, std::int64_t step) {
-  for (const auto& [tag, value] : prefixed(prefix, metrics)) tensorboard_->add_scalar(tag, value, step);
+  to_outlets(&ReportOutlet::restart,
+             RestartReport{.batches = batches, .epochs = epochs, .ranks_before = ranks_before, .ranks = ranks, .restart = restart});
 }
 
 }  // namespace dettrial::detail

@@ -208,7 +208,7 @@ TEST_CASE("stopping and resuming is bit-identical to training straight through")
   CHECK(straight_counter.seen == 2);
 }
 
-TEST_CASE("a checkpoint's load_data.json reads back; a missing, damaged or mistyped one is refused naming the file") {
+TEST_CASE("a checkpoint's load_data.json reads back, and a missing, damaged or mistyped one is refused naming the file") {
   test::Context context(test::hparams(), ContextOptions{.trial_seed = 3});
   Trainer<test::DeclarativeRegression> trainer(context);
   const FitResult r = trainer.fit(test::quiet({.max_length = Batch(2)}));

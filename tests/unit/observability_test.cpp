@@ -208,6 +208,81 @@ TEST_CASE("a fit writes TensorBoard scalars for its metrics, learning rate and t
   std::filesystem::remove_all(q.output_dir);
 }
 
+TEST_CASE("the reporter hands every report to each outlet in order: metrics.jsonl, metrics.csv, TensorBoard and one added") {
+  const auto dir = fresh_dir("outlets");
+  // An outlet of the test's own, added to the built-in ones: what it is handed, in order.
+  struct Recording final : dettrial::detail::ReportOutlet {
+    std::vector<std::string>* seen;
+    explicit Recording(std::vector<std::string>& s) : seen(&s) {}
+    void training(const dettrial::detail::TrainingReport& r) override {
+      seen->push_back("training " + std::to_string(r.batches) + " loss " + std::to_string(r.metrics.at("loss")) + " " +
+                      r.learning_rates.at(0).first);
+    }
+    void validation(const dettrial::detail::ValidationReport& r) override {
+      seen->push_back("validation " + std::to_string(r.batches) + " records " + std::to_string(r.records));
+    }
+    void checkpoint(const dettrial::detail::CheckpointReport& r) override {
+      seen->push_back("checkpoint " + std::to_string(r.batches) + " " + r.path.filename().string());
+    }
+    void system(const dettrial::detail::SystemMetricsReport& r) override {
+      seen->push_back("system " + std::to_string(r.batches) + " " + std::to_string(r.report.values.size()));
+    }
+    void restart(const dettrial::detail::RestartReport& r) override {
+      seen->push_back("restart " + std::to_string(r.ranks_before) + "->" + std::to_string(r.ranks));
+    }
+  };
+  std::vector<std::string> seen;
+  {
+    TensorBoardWriter writer(dir / "tensorboard");
+    dettrial::detail::Reporter reporter(true, ReportOptions{.quiet = true}, dir, std::nullopt, &writer);
+    reporter.add_outlet(std::make_unique<Recording>(seen));
+    MetricValues training, validation;
+    training.set("batches", 3);
+    training.set("epochs", 0);
+    training.set("loss", 0.5);
+    validation.set("validation_loss", 0.25);
+    reporter.restart(0, 0, 2, 3, 1);
+    reporter.training(3, 0, training, 120.0, 0.1, dettrial::detail::PhaseTimes{.data = 0.01}, {{"lr", 0.05}});
+    reporter.validation(3, 0, validation, 17, 0.2);
+    reporter.checkpoint(3, 0, dir / "checkpoints" / "abc", 0.3, 0.0);
+    dettrial::detail::SystemReport system;
+    system.values = {{"cpu_util_simple", 12.5}, {"memory_free", 3.0}};
+    reporter.system(3, 0, system);
+  }
+  CHECK(seen == std::vector<std::string>{"restart 2->3", "training 3 loss 0.500000 lr", "validation 3 records 17", "checkpoint 3 abc",
+                                         "system 3 2"});
+  // The built-in outlets got the same reports, each keeping what it keeps.
+  const std::vector<dettrial::detail::Json> records = dettrial::detail::JsonlFile(dir / "metrics.jsonl").read();
+  std::vector<std::string> types;
+  for (const auto& record : records) types.push_back(record.at("type").get<std::string>());
+  CHECK(types == std::vector<std::string>{"restart", "training", "validation", "checkpoint", "system"});
+  CHECK(records[1].at("learning_rates").at("lr") == 0.05);
+  CHECK(records[1].at("seconds").at("data") == 0.01);
+  CHECK(records[2].at("metrics").at("validation_loss") == 0.25);
+  CHECK(records[3].at("uuid") == "abc");
+  CHECK(records[4].at("cpu_util_simple") == 12.5);
+  std::ifstream csv(dir / "metrics.csv");
+  const std::string table((std::istreambuf_iterator<char>(csv)), std::istreambuf_iterator<char>());
+  CHECK(std::count(table.begin(), table.end(), '\n') == 3);  // the header, a training row, a validation row
+  const auto events = all_events(dir / "tensorboard");
+  CHECK(count_tag(events, "train/loss") == 1);
+  CHECK(count_tag(events, "validation/validation_loss") == 1);
+  CHECK(count_tag(events, "timing/checkpoint_seconds") == 1);
+  CHECK(count_tag(events, "system/cpu_util_simple") == 1);
+  CHECK(count_tag(events, "train/batches") == 0);
+  // Another rank's reporter writes nothing and hands nothing on.
+  const auto other = fresh_dir("outlets-other");
+  {
+    dettrial::detail::Reporter reporter(false, ReportOptions{}, other, std::nullopt);
+    MetricValues validation;
+    validation.set("validation_loss", 0.25);
+    reporter.validation(3, 0, validation, 17, 0.2);
+  }
+  CHECK_FALSE(std::filesystem::exists(other / "metrics.jsonl"));
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(other);
+}
+
 TEST_CASE("profiling writes a Chrome trace of its batches that names the model's operators and dettrial's phases") {
   test::Context context(test::hparams(), ContextOptions{.trial_seed = 4});
   Trainer<test::DeclarativeRegression> trainer(context);

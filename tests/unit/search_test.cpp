@@ -11,6 +11,7 @@
 
 #include <dettrial/search.hpp>
 #include <dettrial/search/experiment.hpp>
+#include <dettrial/detail/json.hpp>  // JsonFieldError, the schema errors SearchEvent::from_json throws
 
 using namespace dettrial;
 
@@ -259,7 +260,7 @@ TEST_CASE("a search event reads back what it writes, each kind with its optional
       doctest::Contains("stopped"), dettrial::detail::JsonFieldError);
 }
 
-TEST_CASE("a JSON-lines file: a torn last line is left out and cut before the next append; a file followed by inode and offset") {
+TEST_CASE("a JSON-lines file: a torn last line is left out and cut before the next append, and a file is followed by inode and offset") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("dettrial-jsonl-" + std::to_string(::getpid()));
   fs::remove_all(dir);

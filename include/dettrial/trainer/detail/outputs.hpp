@@ -20,6 +20,7 @@
 #include "../../report/detail/profiler.hpp"
 #include "../../report/detail/reporter.hpp"
 #include "../../report/detail/system_metrics.hpp"
+#include "../../report/metrics_log.hpp"
 #include "../../tracking/mlflow.hpp"
 #include "../fit_options.hpp"
 
@@ -114,7 +115,9 @@ class Outputs {
 #include <variant>
 
 #include "../../layout.hpp"
+#include "../../detail/json.hpp"
 #include "../../report/html_report.hpp"
+#include "../../report/detail/metrics_log_outlet.hpp"
 #include "../../report/detail/runtime.hpp"
 #include "../../detail/text.hpp"
 #include "../../version.hpp"
