@@ -1194,6 +1194,7 @@ class ExperimentConfig {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include <fstream>
+#include <stdexcept>
 #include <sstream>
 // ---- begin dettrial/detail/text.hpp
 // SPDX-License-Identifier: Apache-2.0
@@ -1237,18 +1238,46 @@ namespace dettrial::detail::config_reader {
 
 struct Reader {
   const std::string& source;
+  /// The keys of the section being read (its Section::keys): reading any other is dettrial's own
+  /// mistake, refused at once, so that the schema table and the readers cannot drift apart.
+  const std::vector<std::string>* keys = nullptr;
+
+  /// `map[key]`, `key` being one of the section's keys.
+  YAML::Node node(const YAML::Node& map, const char* key) const {
+    if (keys && std::find(keys->begin(), keys->end(), key) == keys->end())
+      throw std::logic_error(std::string("dettrial's config reader reads '") + key +
+                             "', which its schema table (detail::config_reader::schema) does not list in that section");
+    return map[key];
+  }
   template <class T>
   void read(const YAML::Node& map, const char* key, T& out) const {
-    const YAML::Node node = map[key];
-    if (!node || node.IsNull()) return;
-    if (!detail::try_read(node, out))
-      throw ConfigError(detail::where(node, source) + ": '" + key + "' is " + detail::describe(node) + ", which is not a " +
+    const YAML::Node value = node(map, key);
+    if (!value || value.IsNull()) return;
+    if (!detail::try_read(value, out))
+      throw ConfigError(detail::where(value, source) + ": '" + key + "' is " + detail::describe(value) + ", which is not a " +
                         detail::type_name<T>());
   }
   /// A length (`{batches: N}`, `{records: N}`, `{epochs: N}`). With `step_batches` > 0, a plain
   /// integer is also accepted: Determined's legacy form, N steps of `step_batches` batches.
   std::optional<TrainUnit> length(const YAML::Node& map, const char* key, bool zero_means_never, std::int64_t step_batches = 0) const;
 };
+
+/**
+ * @brief A part of the experiment config: its name (empty for the top level), the keys dettrial
+ * reads in it, the keys only Determined's cluster reads there (accepted, and named in one warning),
+ * and its reader, called when the part is present (a null one too).
+ */
+struct Section {
+  const char* name;
+  std::vector<std::string> keys;
+  std::vector<std::string> cluster_keys;
+  void (*read)(const YAML::Node& node, const Reader& r, ExperimentConfig& c);
+};
+
+/// The schema: every part dettrial knows, in the order from_yaml checks and reads them (the top
+/// level first: the searcher reads its scheduling_unit). The one list from which both the unknown-key check and
+/// the readers take their keys; the top level's keys include the other parts' names.
+DETTRIAL_INLINE const std::vector<Section>& schema();
 
 /**
  * @brief Every key must be one of the schema's: cluster-only ones are collected in `ignored` (one
@@ -1259,13 +1288,13 @@ DETTRIAL_INLINE void check_fields(const YAML::Node& root, const std::string& sou
 DETTRIAL_INLINE void check_map(const YAML::Node& map, const std::string& prefix, const std::vector<std::string>& known,
                                const std::vector<std::string>& cluster, const std::string& source, std::vector<std::string>& ignored);
 
-// One reader per part of the document, called by from_yaml in this order.
+// One reader per part of the document, called by from_yaml through schema(), in its order.
 DETTRIAL_INLINE void read_top_level(const YAML::Node& root, const Reader& r, ExperimentConfig& c);
 DETTRIAL_INLINE void read_resources(const YAML::Node& res, const Reader& r, ExperimentConfig& c);
 DETTRIAL_INLINE void read_optimizations(const YAML::Node& opt, const Reader& r, ExperimentConfig& c);
 DETTRIAL_INLINE void read_reproducibility(const YAML::Node& rep, const Reader& r, ExperimentConfig& c);
 DETTRIAL_INLINE void read_profiling(const YAML::Node& prof, const Reader& r, ExperimentConfig::Profiling& p);
-DETTRIAL_INLINE void read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args);
+DETTRIAL_INLINE void read_slurm(const YAML::Node& slurm, const Reader& r, std::vector<std::string>& args);
 DETTRIAL_INLINE void read_checkpoint_storage(const YAML::Node& cs, const Reader& r, ExperimentConfig::CheckpointStorage& storage);
 DETTRIAL_INLINE void read_searcher(const YAML::Node& s, const Reader& r, ExperimentConfig& c);
 /// The searchers dettrial runs, and the names Determined removed.
@@ -1333,20 +1362,15 @@ DETTRIAL_INLINE ExperimentConfig ExperimentConfig::from_yaml(const YAML::Node& r
   if (!root.IsMap()) throw ConfigError(detail::where(root, c.source) + ": the experiment config must be a map");
   c.yaml.reset(root);
   reader::check_fields(root, c.source, c.ignored_fields);
-  const reader::Reader r{c.source};
-  reader::read_top_level(root, r, c);
-  for (const char* section :
-       {"resources", "optimizations", "reproducibility", "searcher", "checkpoint_storage", "profiling", "slurm", "mlflow"})
-    if (const YAML::Node node = root[section]; node && !node.IsNull() && !node.IsMap())
-      throw ConfigError(detail::where(node, c.source) + ": '" + section + "' must be a map, found " + detail::describe(node));
-  if (const YAML::Node res = root["resources"]) reader::read_resources(res, r, c);
-  if (const YAML::Node opt = root["optimizations"]) reader::read_optimizations(opt, r, c);
-  if (const YAML::Node rep = root["reproducibility"]) reader::read_reproducibility(rep, r, c);
-  if (const YAML::Node prof = root["profiling"]; prof && prof.IsMap()) reader::read_profiling(prof, r, c.profiling);
-  if (const YAML::Node slurm = root["slurm"]) reader::read_slurm(slurm, c.source, c.slurm_args);
-  if (const YAML::Node cs = root["checkpoint_storage"]) reader::read_checkpoint_storage(cs, r, c.checkpoint_storage);
-  if (const YAML::Node s = root["searcher"]) reader::read_searcher(s, r, c);
-  if (const YAML::Node m = root["mlflow"]; m && m.IsMap()) reader::read_mlflow(m, r, c.mlflow);
+  for (const reader::Section& section : reader::schema()) {
+    if (*section.name == '\0') continue;
+    if (const YAML::Node node = root[section.name]; node && !node.IsNull() && !node.IsMap())
+      throw ConfigError(detail::where(node, c.source) + ": '" + section.name + "' must be a map, found " + detail::describe(node));
+  }
+  for (const reader::Section& section : reader::schema()) {
+    const YAML::Node node = *section.name == '\0' ? root : root[section.name];
+    if (node) section.read(node, reader::Reader{c.source, &section.keys}, c);
+  }
   if (c.mlflow.experiment_name.empty()) c.mlflow.experiment_name = c.name;
   YAML::Emitter text;  // the config as the run trains it (overrides applied): its MLflow artifact
   text << root;
@@ -1358,21 +1382,22 @@ DETTRIAL_INLINE void detail::config_reader::read_top_level(const YAML::Node& roo
   const std::string& source = r.source;
   r.read(root, "name", c.name);
   r.read(root, "description", c.description);
-  if (root["hyperparameters"]) {
-    c.hyperparameters.reset(root["hyperparameters"]);
+  if (r.node(root, "hyperparameters")) {
+    c.hyperparameters.reset(r.node(root, "hyperparameters"));
     if (!c.hyperparameters.IsMap() && !c.hyperparameters.IsNull())
       throw ConfigError(detail::where(c.hyperparameters, source) + ": 'hyperparameters' must be a map");
   }
-  if (root["data"]) c.data.reset(root["data"]);
+  if (r.node(root, "data")) c.data.reset(r.node(root, "data"));
   r.read(root, "scheduling_unit", c.scheduling_unit);
-  if (c.scheduling_unit < 1) throw ConfigError(detail::where(root["scheduling_unit"], source) + ": scheduling_unit must be at least 1");
+  if (c.scheduling_unit < 1)
+    throw ConfigError(detail::where(r.node(root, "scheduling_unit"), source) + ": scheduling_unit must be at least 1");
   r.read(root, "records_per_epoch", c.records_per_epoch);
   r.read(root, "perform_initial_validation", c.perform_initial_validation);
   r.read(root, "max_restarts", c.max_restarts);
   // The legacy integer form counts steps of scheduling_unit batches, as Determined reads it.
   c.min_validation_period = r.length(root, "min_validation_period", /*zero_means_never=*/true, c.scheduling_unit);
   c.min_checkpoint_period = r.length(root, "min_checkpoint_period", /*zero_means_never=*/true, c.scheduling_unit);
-  if (const YAML::Node p = root["checkpoint_policy"]; p && !p.IsNull()) {  // null: the default, as the schema allows
+  if (const YAML::Node p = r.node(root, "checkpoint_policy"); p && !p.IsNull()) {  // null: the default, as the schema allows
     std::string s;
     r.read(root, "checkpoint_policy", s);
     if (s == "best") c.checkpoint_policy = CheckpointPolicy::best;
@@ -1385,14 +1410,14 @@ DETTRIAL_INLINE void detail::config_reader::read_top_level(const YAML::Node& roo
 DETTRIAL_INLINE void detail::config_reader::read_resources(const YAML::Node& res, const Reader& r, ExperimentConfig& c) {
   r.read(res, "slots_per_trial", c.slots_per_trial);
   if (c.slots_per_trial < 0)
-    throw ConfigError(detail::where(res["slots_per_trial"], r.source) + ": resources.slots_per_trial must not be negative");
+    throw ConfigError(detail::where(r.node(res, "slots_per_trial"), r.source) + ": resources.slots_per_trial must not be negative");
   // 0 is a trial without a GPU slot on a cluster (the schema's minimum): here, one process.
   if (c.slots_per_trial == 0) c.slots_per_trial = 1;
 }
 
 DETTRIAL_INLINE void detail::config_reader::read_optimizations(const YAML::Node& opt, const Reader& r, ExperimentConfig& c) {
   const std::string& source = r.source;
-  if (const YAML::Node mp = opt["mixed_precision"]; mp && !mp.IsNull()) {
+  if (const YAML::Node mp = r.node(opt, "mixed_precision"); mp && !mp.IsNull()) {
     std::string text;
     r.read(opt, "mixed_precision", text);
     try {
@@ -1403,9 +1428,10 @@ DETTRIAL_INLINE void detail::config_reader::read_optimizations(const YAML::Node&
   }
   r.read(opt, "aggregation_frequency", c.aggregation_frequency);
   if (c.aggregation_frequency < 1)
-    throw ConfigError(detail::where(opt["aggregation_frequency"], source) + ": optimizations.aggregation_frequency must be at least 1");
+    throw ConfigError(detail::where(r.node(opt, "aggregation_frequency"), source) +
+                      ": optimizations.aggregation_frequency must be at least 1");
   r.read(opt, "average_aggregated_gradients", c.average_aggregated_gradients);
-  if (const YAML::Node sc = opt["step_capture"]; sc && !sc.IsNull()) {
+  if (const YAML::Node sc = r.node(opt, "step_capture"); sc && !sc.IsNull()) {
     std::string text;
     std::int64_t warmup = capture::cuda_graph{}.warmup_batches;
     r.read(opt, "step_capture", text);
@@ -1415,11 +1441,11 @@ DETTRIAL_INLINE void detail::config_reader::read_optimizations(const YAML::Node&
     } catch (const ConfigError& e) {
       throw ConfigError(detail::where(sc, source) + ": optimizations." + e.what());
     }
-  } else if (opt["capture_warmup_batches"]) {
-    throw ConfigError(detail::where(opt["capture_warmup_batches"], source) +
+  } else if (r.node(opt, "capture_warmup_batches")) {
+    throw ConfigError(detail::where(r.node(opt, "capture_warmup_batches"), source) +
                       ": optimizations.capture_warmup_batches is set but step_capture is not; set step_capture: cuda_graph");
   }
-  if (const YAML::Node zero = opt["zero_stage"]; zero && !zero.IsNull()) {
+  if (const YAML::Node zero = r.node(opt, "zero_stage"); zero && !zero.IsNull()) {
     std::int64_t stage = 0;
     r.read(opt, "zero_stage", stage);
     if (stage == 2 || stage == 3)
@@ -1434,12 +1460,12 @@ DETTRIAL_INLINE void detail::config_reader::read_optimizations(const YAML::Node&
 }
 
 DETTRIAL_INLINE void detail::config_reader::read_reproducibility(const YAML::Node& rep, const Reader& r, ExperimentConfig& c) {
-  if (rep["experiment_seed"] && !rep["experiment_seed"].IsNull()) {
+  if (r.node(rep, "experiment_seed") && !r.node(rep, "experiment_seed").IsNull()) {
     std::uint64_t seed = 0;
     r.read(rep, "experiment_seed", seed);
     c.experiment_seed = seed;
   }
-  if (rep["deterministic"] && !rep["deterministic"].IsNull()) {
+  if (r.node(rep, "deterministic") && !r.node(rep, "deterministic").IsNull()) {
     bool on = false;
     r.read(rep, "deterministic", on);
     c.deterministic = on;
@@ -1448,20 +1474,21 @@ DETTRIAL_INLINE void detail::config_reader::read_reproducibility(const YAML::Nod
 }
 
 DETTRIAL_INLINE void detail::config_reader::read_profiling(const YAML::Node& prof, const Reader& r, ExperimentConfig::Profiling& p) {
+  if (!prof.IsMap()) return;  // null: the defaults
   r.read(prof, "enabled", p.enabled);
   r.read(prof, "begin_on_batch", p.begin_on_batch);
   r.read(prof, "sync_timings", p.sync_timings);
   r.read(prof, "sampling_interval", p.sampling_interval);
   r.read(prof, "samples_per_report", p.samples_per_report);
   if (!(p.sampling_interval >= 0.1))
-    throw ConfigError(detail::where(prof["sampling_interval"], r.source) + ": profiling.sampling_interval is " +
+    throw ConfigError(detail::where(r.node(prof, "sampling_interval"), r.source) + ": profiling.sampling_interval is " +
                       detail::number_text(p.sampling_interval) + " seconds; it must be at least 0.1 (as Determined's profiler requires)");
   if (p.samples_per_report < 1)
-    throw ConfigError(detail::where(prof["samples_per_report"], r.source) + ": profiling.samples_per_report is " +
+    throw ConfigError(detail::where(r.node(prof, "samples_per_report"), r.source) + ": profiling.samples_per_report is " +
                       std::to_string(p.samples_per_report) + "; it must be at least 1");
   if (p.begin_on_batch < 0)
-    throw ConfigError(detail::where(prof["begin_on_batch"], r.source) + ": profiling.begin_on_batch must not be negative");
-  if (const YAML::Node end = prof["end_after_batch"]; end && !end.IsNull()) {
+    throw ConfigError(detail::where(r.node(prof, "begin_on_batch"), r.source) + ": profiling.begin_on_batch must not be negative");
+  if (const YAML::Node end = r.node(prof, "end_after_batch"); end && !end.IsNull()) {
     std::int64_t last = 0;
     r.read(prof, "end_after_batch", last);
     if (last < p.begin_on_batch)
@@ -1471,8 +1498,9 @@ DETTRIAL_INLINE void detail::config_reader::read_profiling(const YAML::Node& pro
   }
 }
 
-DETTRIAL_INLINE void detail::config_reader::read_slurm(const YAML::Node& slurm, const std::string& source, std::vector<std::string>& args) {
-  const YAML::Node given = slurm.IsMap() ? slurm["sbatch_args"] : YAML::Node();
+DETTRIAL_INLINE void detail::config_reader::read_slurm(const YAML::Node& slurm, const Reader& r, std::vector<std::string>& args) {
+  const std::string& source = r.source;
+  const YAML::Node given = slurm.IsMap() ? r.node(slurm, "sbatch_args") : YAML::Node();
   if (!given || given.IsNull()) return;
   if (!given.IsSequence())
     throw ConfigError(detail::where(given, source) + ": slurm.sbatch_args must be a list of options, such as [--partition=gpu]");
@@ -1493,14 +1521,15 @@ DETTRIAL_INLINE void detail::config_reader::read_slurm(const YAML::Node& slurm, 
 }
 
 DETTRIAL_INLINE void detail::config_reader::read_mlflow(const YAML::Node& m, const Reader& r, MlflowSettings& mlflow) {
+  if (!m.IsMap()) return;  // null: no MLflow
   r.read(m, "tracking_uri", mlflow.tracking_uri);
   r.read(m, "experiment_name", mlflow.experiment_name);
   r.read(m, "run_name", mlflow.run_name);
   const std::string& uri = mlflow.tracking_uri;
   if (!uri.empty() && uri.rfind("http://", 0) != 0 && uri.rfind("https://", 0) != 0)
-    throw ConfigError(detail::where(m["tracking_uri"], r.source) + ": mlflow.tracking_uri '" + uri +
+    throw ConfigError(detail::where(r.node(m, "tracking_uri"), r.source) + ": mlflow.tracking_uri '" + uri +
                       "' is not a server's address (http:// or https://): dettrial logs to an MLflow server over its REST API");
-  const YAML::Node tags = m["tags"];
+  const YAML::Node tags = r.node(m, "tags");
   if (!tags || tags.IsNull()) return;
   if (!tags.IsMap())
     throw ConfigError(detail::where(tags, r.source) + ": mlflow.tags must be a map of names to values, found " + detail::describe(tags));
@@ -1520,9 +1549,9 @@ DETTRIAL_INLINE void detail::config_reader::read_checkpoint_storage(const YAML::
   for (const auto& [key, field_ptr] : counts) {
     std::int64_t& field = *field_ptr;
     r.read(cs, key, field);
-    if (field < 0) throw ConfigError(detail::where(cs[key], r.source) + ": checkpoint_storage." + key + " must not be negative");
+    if (field < 0) throw ConfigError(detail::where(r.node(cs, key), r.source) + ": checkpoint_storage." + key + " must not be negative");
   }
-  if (const YAML::Node type = cs["type"]; type && type.IsScalar() && type.Scalar() != "shared_fs" && type.Scalar() != "directory")
+  if (const YAML::Node type = r.node(cs, "type"); type && type.IsScalar() && type.Scalar() != "shared_fs" && type.Scalar() != "directory")
     throw ConfigError(detail::where(type, r.source) + ": checkpoint_storage type '" + type.Scalar() +
                       "' is not one dettrial writes (shared_fs or directory, on a local or mounted file system)");
   r.read(cs, "async", storage.async);
@@ -1542,18 +1571,18 @@ DETTRIAL_INLINE void detail::config_reader::read_searcher(const YAML::Node& s, c
   r.read(s, "name", name);
   r.read(s, "metric", c.searcher.metric);
   r.read(s, "smaller_is_better", c.searcher.smaller_is_better);
-  if (const YAML::Node ml = s["max_length"]; ml && ml.IsScalar()) {
+  if (const YAML::Node ml = r.node(s, "max_length"); ml && ml.IsScalar()) {
     // The schema's unitless form (searcher-length.json: an integer), read as batches.
     std::int64_t n = 0;
     r.read(s, "max_length", n);
     if (n < 0) throw ConfigError(detail::where(ml, source) + ": searcher.max_length must not be negative");
     c.searcher.max_length = Batch(n);
-  } else if (s["max_length"]) {
+  } else if (r.node(s, "max_length")) {
     c.searcher.max_length = r.length(s, "max_length", /*zero_means_never=*/false);
-  } else if (s["max_steps"]) {
+  } else if (r.node(s, "max_steps")) {
     std::int64_t steps = 0;
     r.read(s, "max_steps", steps);
-    if (steps < 0) throw ConfigError(detail::where(s["max_steps"], source) + ": searcher.max_steps must not be negative");
+    if (steps < 0) throw ConfigError(detail::where(r.node(s, "max_steps"), source) + ": searcher.max_steps must not be negative");
     c.searcher.max_length = Batch(steps * c.scheduling_unit);
   }
   read_search_fields(s, r, name, c.searcher);
@@ -1563,9 +1592,10 @@ DETTRIAL_INLINE void detail::config_reader::read_search_fields(const YAML::Node&
                                                                SearcherSettings& out) {
   const std::string& source = r.source;
   if (name == "adaptive" || name == "adaptive_simple" || name == "sync_halving")
-    throw ConfigError(detail::where(s["name"], source) + ": searcher '" + name + "' was removed from Determined; use adaptive_asha");
+    throw ConfigError(detail::where(r.node(s, "name"), source) + ": searcher '" + name +
+                      "' was removed from Determined; use adaptive_asha");
   if (name != "async_halving" && !searcher_kind_named(name))
-    throw ConfigError(detail::where(s["name"], source) + ": unknown searcher '" + name + "'" +
+    throw ConfigError(detail::where(r.node(s, "name"), source) + ": unknown searcher '" + name + "'" +
                       detail::suggestion(name, ExperimentConfig::searcher_names()) +
                       " (dettrial runs single, random, grid and adaptive_asha)");
   r.read(s, "max_trials", out.max_trials);
@@ -1576,26 +1606,27 @@ DETTRIAL_INLINE void detail::config_reader::read_search_fields(const YAML::Node&
   r.read(s, "max_rungs", out.max_rungs);
   r.read(s, "num_rungs", out.max_rungs);  // async_halving
   r.read(s, "mode", out.mode);
-  if (const YAML::Node b = s["bracket_rungs"]; b && !b.IsNull()) {
+  if (const YAML::Node b = r.node(s, "bracket_rungs"); b && !b.IsNull()) {
     if (!b.IsSequence()) throw ConfigError(detail::where(b, source) + ": searcher.bracket_rungs must be a list of rung counts");
     for (const auto& x : b) out.bracket_rungs.push_back(x.as<std::int64_t>());
   }
   out.kind = name == "async_halving" ? SearcherKind::adaptive_asha : *searcher_kind_named(name);
   if (name == "async_halving") out.bracket_rungs = {out.max_rungs};
   auto positive = [&](const char* key, double value) {
-    if (s[key] && !(value >= 1)) throw ConfigError(detail::where(s[key], source) + ": searcher." + key + " must be at least 1");
+    if (r.node(s, key) && !(value >= 1))
+      throw ConfigError(detail::where(r.node(s, key), source) + ": searcher." + key + " must be at least 1");
   };
   positive("max_trials", static_cast<double>(out.max_trials));
   positive("max_rungs", static_cast<double>(out.max_rungs));
   if (out.max_concurrent_trials < 0)
-    throw ConfigError(detail::where(s["max_concurrent_trials"], source) + ": searcher.max_concurrent_trials must not be negative");
-  if (s["divisor"] && !(out.divisor > 1))
-    throw ConfigError(detail::where(s["divisor"], source) + ": searcher.divisor must be greater than 1");
-  if ((out.kind == SearcherKind::random || out.kind == SearcherKind::adaptive_asha) && !s["max_trials"])
+    throw ConfigError(detail::where(r.node(s, "max_concurrent_trials"), source) + ": searcher.max_concurrent_trials must not be negative");
+  if (r.node(s, "divisor") && !(out.divisor > 1))
+    throw ConfigError(detail::where(r.node(s, "divisor"), source) + ": searcher.divisor must be greater than 1");
+  if ((out.kind == SearcherKind::random || out.kind == SearcherKind::adaptive_asha) && !r.node(s, "max_trials"))
     throw ConfigError(detail::where(s, source) + ": searcher '" + std::string(out.name()) + "' needs max_trials");
   if (out.kind == SearcherKind::adaptive_asha) {
     // Determined needs time_metric and max_time; its deprecated max_length stands for them.
-    if (!s["max_time"] && out.max_length) {
+    if (!r.node(s, "max_time") && out.max_length) {
       out.max_time = out.max_length->value();
       out.time_metric = out.max_length->unit() == Unit::epochs ? "epochs" : "batches";
     }
@@ -1605,91 +1636,79 @@ DETTRIAL_INLINE void detail::config_reader::read_search_fields(const YAML::Node&
     // the trial reports of its own cannot be a length it trains (nor can it for Determined's
     // PyTorchTrial, whose lengths are batches, records or epochs).
     if (out.time_metric != "batches" && out.time_metric != "records" && out.time_metric != "epochs")
-      throw ConfigError(detail::where(s["time_metric"] ? s["time_metric"] : s, source) + ": searcher.time_metric '" + out.time_metric +
+      throw ConfigError(detail::where(r.node(s, "time_metric") ? r.node(s, "time_metric") : s, source) + ": searcher.time_metric '" +
+                        out.time_metric +
                         "' is not batches, records or epochs: each trial trains its rung's length in that unit, so ASHA's time must "
                         "be counted in one of them");
   }
 }
 
+DETTRIAL_INLINE const std::vector<detail::config_reader::Section>& detail::config_reader::schema() {
+  static const std::vector<Section> sections = [] {
+    std::vector<Section> s = {
+        {"",
+         {"name", "description", "hyperparameters", "records_per_epoch", "min_validation_period", "min_checkpoint_period",
+          "scheduling_unit", "perform_initial_validation", "checkpoint_policy", "max_restarts", "data"},
+         {"entrypoint", "environment", "bind_mounts", "labels", "project", "workspace", "debug", "tensorboard_storage", "pbs",
+          "log_policies", "retention_policy", "integrations", "data_layer", "preemption_timeout", "security", "internal", "notes"},
+         [](const YAML::Node& n, const Reader& r, ExperimentConfig& c) { read_top_level(n, r, c); }},
+        // budget, train_stragglers: the removed searchers' fields (refused by name, with the searcher); unit: custom's.
+        {"searcher",
+         {"name", "metric", "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials", "time_metric",
+          "max_time", "divisor", "max_rungs", "num_rungs", "mode", "bracket_rungs"},
+         {"source_trial_id", "source_checkpoint_uuid", "stop_once", "budget", "train_stragglers", "unit"},
+         [](const YAML::Node& n, const Reader& r, ExperimentConfig& c) { read_searcher(n, r, c); }},
+        {"resources",
+         {"slots_per_trial"},
+         {"slots", "resource_pool", "max_slots", "priority", "weight", "shm_size", "devices", "native_parallel", "is_single_node",
+          "agent_label"},
+         [](const YAML::Node& n, const Reader& r, ExperimentConfig& c) { read_resources(n, r, c); }},
+        {"optimizations",
+         {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision", "step_capture", "capture_warmup_batches",
+          "zero_stage"},
+         {"average_training_metrics", "gradient_compression", "tensor_fusion_threshold", "tensor_fusion_cycle_time",
+          "auto_tune_tensor_fusion", "grad_updates_size_file"},
+         [](const YAML::Node& n, const Reader& r, ExperimentConfig& c) { read_optimizations(n, r, c); }},
+        {"reproducibility",
+         {"experiment_seed", "deterministic", "rank_invariant"},
+         {},
+         [](const YAML::Node& n, const Reader& r, ExperimentConfig& c) { read_reproducibility(n, r, c); }},
+        {"profiling",
+         {"enabled", "begin_on_batch", "end_after_batch", "sync_timings", "sampling_interval", "samples_per_report"},
+         {},
+         [](const YAML::Node& n, const Reader& r, ExperimentConfig& c) { read_profiling(n, r, c.profiling); }},
+        {"slurm",
+         {"sbatch_args"},
+         {"slots_per_node", "gpu_type"},
+         [](const YAML::Node& n, const Reader& r, ExperimentConfig& c) { read_slurm(n, r, c.slurm_args); }},
+        {"mlflow",
+         {"tracking_uri", "experiment_name", "run_name", "tags"},
+         {},
+         [](const YAML::Node& n, const Reader& r, ExperimentConfig& c) { read_mlflow(n, r, c.mlflow); }},
+        // Cloud storage, and shared_fs's legacy checkpoint_path / tensorboard_path (paths inside a task's container).
+        {"checkpoint_storage",
+         {"type", "host_path", "storage_path", "container_path", "propagation", "save_experiment_best", "save_trial_best",
+          "save_trial_latest", "async"},
+         {"checkpoint_path", "tensorboard_path", "bucket", "access_key", "secret_key", "endpoint_url", "prefix", "region", "credentials",
+          "credential", "user", "account_url", "connection_string", "container"},
+         [](const YAML::Node& n, const Reader& r, ExperimentConfig& c) { read_checkpoint_storage(n, r, c.checkpoint_storage); }},
+    };
+    // The top level's keys include the other parts' names.
+    for (std::size_t i = 1; i < s.size(); ++i) s.front().keys.emplace_back(s[i].name);
+    return s;
+  }();
+  return sections;
+}
+
 DETTRIAL_INLINE void detail::config_reader::check_fields(const YAML::Node& root, const std::string& source,
                                                          std::vector<std::string>& ignored) {
-  static const std::vector<std::string> top = {"name",
-                                               "description",
-                                               "hyperparameters",
-                                               "searcher",
-                                               "records_per_epoch",
-                                               "min_validation_period",
-                                               "min_checkpoint_period",
-                                               "scheduling_unit",
-                                               "perform_initial_validation",
-                                               "checkpoint_policy",
-                                               "max_restarts",
-                                               "checkpoint_storage",
-                                               "resources",
-                                               "optimizations",
-                                               "reproducibility",
-                                               "data",
-                                               "profiling",
-                                               "slurm",
-                                               "mlflow"};
-  static const std::vector<std::string> top_cluster = {"entrypoint",
-                                                       "environment",
-                                                       "bind_mounts",
-                                                       "labels",
-                                                       "project",
-                                                       "workspace",
-                                                       "debug",
-                                                       "tensorboard_storage",
-                                                       "pbs",
-                                                       "log_policies",
-                                                       "retention_policy",
-                                                       "integrations",
-                                                       "data_layer",
-                                                       "preemption_timeout",
-                                                       "security",
-                                                       "internal",
-                                                       "notes"};
-  static const std::vector<std::string> searcher = {
-      "name",        "metric",   "smaller_is_better", "max_length", "max_steps", "max_trials", "max_concurrent_trials",
-      "time_metric", "max_time", "divisor",           "max_rungs",  "num_rungs", "mode",       "bracket_rungs"};
-  // budget, train_stragglers: the removed searchers' fields (refused by name, with the searcher); unit: custom's.
-  static const std::vector<std::string> searcher_cluster = {"source_trial_id", "source_checkpoint_uuid", "stop_once",
-                                                            "budget",          "train_stragglers",       "unit"};
-  static const std::vector<std::string> resources = {"slots_per_trial"};
-  static const std::vector<std::string> resources_cluster = {"slots",          "resource_pool", "max_slots", "priority",
-                                                             "weight",         "shm_size",      "devices",   "native_parallel",
-                                                             "is_single_node", "agent_label"};
-  static const std::vector<std::string> optimizations = {"aggregation_frequency", "average_aggregated_gradients", "mixed_precision",
-                                                         "step_capture",          "capture_warmup_batches",       "zero_stage"};
-  static const std::vector<std::string> optimizations_cluster = {"average_training_metrics", "gradient_compression",
-                                                                 "tensor_fusion_threshold",  "tensor_fusion_cycle_time",
-                                                                 "auto_tune_tensor_fusion",  "grad_updates_size_file"};
-  static const std::vector<std::string> reproducibility = {"experiment_seed", "deterministic", "rank_invariant"};
-  static const std::vector<std::string> profiling = {"enabled",      "begin_on_batch",    "end_after_batch",
-                                                     "sync_timings", "sampling_interval", "samples_per_report"};
-  static const std::vector<std::string> slurm = {"sbatch_args"};
-  static const std::vector<std::string> mlflow = {"tracking_uri", "experiment_name", "run_name", "tags"};
-  static const std::vector<std::string> slurm_cluster = {"slots_per_node", "gpu_type"};
-  static const std::vector<std::string> storage = {
-      "type", "host_path", "storage_path", "container_path", "propagation", "save_experiment_best", "save_trial_best", "save_trial_latest",
-      "async"};
-  // Cloud storage, and shared_fs's legacy checkpoint_path / tensorboard_path (paths inside a task's container).
-  static const std::vector<std::string> storage_cloud = {
-      "checkpoint_path", "tensorboard_path", "bucket",     "access_key", "secret_key",  "endpoint_url",      "prefix",
-      "region",          "credentials",      "credential", "user",       "account_url", "connection_string", "container"};
-  check_map(root, "", top, top_cluster, source, ignored);
-  const std::pair<const char*, std::pair<const std::vector<std::string>*, const std::vector<std::string>*>> sections[] = {
-      {"searcher", {&searcher, &searcher_cluster}},
-      {"resources", {&resources, &resources_cluster}},
-      {"optimizations", {&optimizations, &optimizations_cluster}},
-      {"reproducibility", {&reproducibility, nullptr}},
-      {"profiling", {&profiling, nullptr}},
-      {"slurm", {&slurm, &slurm_cluster}},
-      {"mlflow", {&mlflow, nullptr}},
-      {"checkpoint_storage", {&storage, &storage_cloud}}};
-  for (const auto& [section, known] : sections)
-    if (const YAML::Node node = root[section]; node && node.IsMap())
-      check_map(node, std::string(section) + ".", *known.first, known.second ? *known.second : std::vector<std::string>{}, source, ignored);
+  for (const Section& section : schema()) {
+    if (*section.name == '\0') {
+      check_map(root, "", section.keys, section.cluster_keys, source, ignored);
+    } else if (const YAML::Node node = root[section.name]; node && node.IsMap()) {
+      check_map(node, std::string(section.name) + ".", section.keys, section.cluster_keys, source, ignored);
+    }
+  }
 }
 
 DETTRIAL_INLINE void detail::config_reader::check_map(const YAML::Node& map, const std::string& prefix,
