@@ -51,6 +51,7 @@
 #include "checkpoint/detail/checkpointer.hpp"
 #include "checkpoint/load_weights.hpp"
 #include "checkpoint/policy.hpp"
+#include "checkpoint/safetensors.hpp"
 #include "checkpoint/detail/snapshot.hpp"
 #include "checkpoint/state_dict.hpp"
 #include "checkpoint/storage.hpp"

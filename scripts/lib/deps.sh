@@ -109,6 +109,19 @@ dettrial_torchvision_python() {
   echo "$DETTRIAL_VENV/bin/python"
 }
 
+# PyPI's transformers and safetensors in the venv of PyPI's torch, without moving that torch: the
+# safetensors files and Hugging Face models dettrial reads and writes are checked against their
+# own readers and writers. Prints that venv's python.
+dettrial_transformers_python() {
+  if ! "$DETTRIAL_VENV/bin/python" -c 'import transformers, safetensors' 2>/dev/null; then
+    local torch_version
+    torch_version=$("$DETTRIAL_VENV/bin/python" -c 'import torch; print(torch.__version__)') || return 1
+    dettrial_log "installing transformers and safetensors from PyPI into $DETTRIAL_VENV (beside torch $torch_version)"
+    "$DETTRIAL_VENV/bin/python" -m pip install -q transformers safetensors "torch==${torch_version%%+*}" >&2 || return 1
+  fi
+  echo "$DETTRIAL_VENV/bin/python"
+}
+
 # A venv with Determined (PyPI's `determined`) that sees the torch of $DETTRIAL_VENV through a .pth
 # file, for the determined: tests and bench/run's end-to-end comparison with Determined's own
 # Trainer. Installs PyPI's torch first when it is missing. Prints its python.

@@ -134,6 +134,13 @@ dettrial_python_fixture_tests(dettrial_model_tests unit/resnet_test.cpp "${DETTR
 dettrial_python_fixture_tests(dettrial_augment_tests unit/augment_test.cpp "${DETTRIAL_TORCHVISION_PYTHON}" torchvision_augment.py
                               "vision: torchvision records its augmentation operations, tables and mixing" DETTRIAL_AUGMENT_FIXTURES)
 
+# Hugging Face's files: safetensors (and transformers' model directories) written by their own
+# code in a Python with PyPI's transformers, safetensors and torch (tests/python/huggingface_fixtures.py);
+# without one, the cases that compare with them skip.
+set(DETTRIAL_TRANSFORMERS_PYTHON "" CACHE FILEPATH "A Python with PyPI's transformers, safetensors and torch, whose files dettrial's are tested against")
+dettrial_python_fixture_tests(dettrial_huggingface_tests "unit/huggingface_test.cpp;unit/source_dir.cpp" "${DETTRIAL_TRANSFORMERS_PYTHON}"
+                              huggingface_fixtures.py "huggingface: safetensors writes its files" DETTRIAL_HUGGINGFACE_FIXTURES)
+
 # Checkpoints Python can load: the MNIST trial's checkpoint goes into the same network written in
 # Python (DETTRIAL_PYTHON, the torch matching this LibTorch), whose outputs must match.
 set(_interop "${CMAKE_CURRENT_BINARY_DIR}/interop")

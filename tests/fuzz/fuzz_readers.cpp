@@ -196,6 +196,13 @@ void mlflow(std::string_view bytes) {
   (void)m::read_pending(pending);
 }
 
+/// A safetensors file (Hugging Face's weights), read whole: every tensor's range is checked before
+/// it is allocated, so the file's size bounds what an input can make the reader hold.
+void safetensors(std::string_view bytes) {
+  std::istringstream in{std::string(bytes)};
+  (void)dettrial::detail::read_safetensors_stream(in, bytes.size(), "'fuzz.safetensors'");
+}
+
 using Target = void (*)(std::string_view);
 /// A target, and whether any exception may refuse its input or only dettrial's Error (whose
 /// message names the problem; a library's own exception reaching a user is a finding).
@@ -213,7 +220,8 @@ const std::map<std::string, Reader>& targets() {
                                                     {"image", {image}},
                                                     {"image_window", {image_window}},
                                                     {"events", {events, true}},
-                                                    {"mlflow", {mlflow, true}}};
+                                                    {"mlflow", {mlflow, true}},
+                                                    {"safetensors", {safetensors, true}}};
   return all;
 }
 

@@ -106,6 +106,30 @@ TEST_CASE("vision: torchvision's ResNets load strictly here and compute its logi
                          << std::string(exact ? "same release" : "another release") << ")");
 }
 
+TEST_CASE("vision: torchvision's ResNets saved as safetensors load into the same weights as their torch.save files") {
+  fs::path dir;
+  std::string why;
+  const auto manifest = resnet_manifest(dir, why);
+  if (!manifest) return test::skip(why);
+  if (!manifest->contains("safetensors") || (*manifest)["safetensors"].empty())
+    return test::skip("the fixtures' Python has no safetensors (PyPI's safetensors: scripts/test installs it with transformers)");
+  for (const auto& arch : (*manifest)["safetensors"]) {
+    const std::string name = arch.get<std::string>();
+    CAPTURE(name);
+    auto from_pickle = models::resnet(name, {.num_classes = (*manifest)["num_classes"].get<std::int64_t>()});
+    auto from_safetensors = models::resnet(name, {.num_classes = (*manifest)["num_classes"].get<std::int64_t>()});
+    dettrial::load_weights(from_pickle, dir / (name + ".pt"));
+    CHECK(dettrial::load_weights(from_safetensors, dir / (name + ".safetensors")).empty());  // strictly: every name, none more
+    const auto expected = dettrial::module_state_dict(*from_pickle);
+    const auto loaded = dettrial::module_state_dict(*from_safetensors);
+    REQUIRE(expected.size() == loaded.size());
+    for (const auto& e : expected) {
+      CAPTURE(e.key().toStringRef());
+      CHECK(torch::equal(e.value().toTensor(), loaded.at(e.key()).toTensor()));
+    }
+  }
+}
+
 TEST_CASE("vision: a ResNet built after manual_seed holds torchvision's initial weights, zero_init_residual included") {
   fs::path dir;
   std::string why;

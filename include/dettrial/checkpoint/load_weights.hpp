@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// @brief Weights from elsewhere: a state dict Python wrote (`torch.save(model.state_dict())`), a
-/// Determined or dettrial checkpoint directory (`state_dict.pth`), loaded into a model for a warm
-/// start or fine-tuning, strictly or listing what does not match (Python's `strict=False`).
+/// safetensors file or a Hugging Face model directory, a Determined or dettrial checkpoint
+/// directory (`state_dict.pth`), loaded into a model for a warm start or fine-tuning, strictly or
+/// listing what does not match (Python's `strict=False`).
 #pragma once
 
 #include <cstddef>
@@ -14,6 +15,7 @@
 
 #include "../layout.hpp"
 #include "../optim/handles.hpp"
+#include "safetensors.hpp"
 #include "state_dict.hpp"
 #include "storage.hpp"
 #include "../detail/linkage.hpp"
@@ -41,6 +43,9 @@ struct IncompatibleKeys {
 /**
  * @brief One model's state dict from `path`, whatever wrote it:
  * - a checkpoint directory (Determined's or dettrial's): its `state_dict.pth`, `models_state_dict[model_index]`;
+ * - a safetensors file (`safetensors.torch.save_file`, timm's and transformers' downloads);
+ * - a Hugging Face model directory (`save_pretrained`): its `model.safetensors`, its shards listed
+ *   in `model.safetensors.index.json`, or its `pytorch_model.bin`, in that order;
  * - a `torch.save` file of a model's `state_dict()` (tensors by name);
  * - a `torch.save` file of a dict holding one: under `models_state_dict` (Determined's layout),
  *   `model_state_dict`, `state_dict` or `model` (common Python conventions).
@@ -74,10 +79,13 @@ IncompatibleKeys load_weights(M& model, const std::filesystem::path& path, LoadW
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+#include <optional>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <utility>
+
+#include "../detail/json.hpp"
 
 namespace dettrial::detail {
 
@@ -98,6 +106,40 @@ DETTRIAL_INLINE std::string keys_text(const StateDict& d) {
   return out.empty() ? "nothing" : out;
 }
 
+/// A Hugging Face model directory's weights: `model.safetensors`, the shards its index lists, or
+/// `pytorch_model.bin`; nullopt when it has none of them.
+DETTRIAL_INLINE std::optional<StateDict> read_pretrained_directory(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir / "model.safetensors", ec)) return unwrapped(read_safetensors(dir / "model.safetensors").tensors);
+  if (const fs::path index = dir / "model.safetensors.index.json"; fs::exists(index, ec)) {
+    const Json map = read_json_file<CheckpointError>(index);
+    const Json* weights = json_find(map, "weight_map");
+    if (weights == nullptr || !weights->is_object())
+      throw CheckpointError("'" + index.string() + "' has no weight_map (an object of tensor names to shard files)");
+    StateDict all = empty_state_dict();
+    std::map<std::string, bool> shards;
+    for (const auto& [name, file] : weights->items()) {
+      if (!file.is_string() || fs::path(file.get<std::string>()).filename() != fs::path(file.get<std::string>()))
+        throw CheckpointError("'" + index.string() + "': weight_map['" + name + "'] is not the name of a file in " + dir.string());
+      shards[file.get<std::string>()] = true;
+    }
+    for (const auto& [file, _] : shards)
+      for (const auto& entry : read_safetensors(dir / file).tensors) {
+        const auto listed = weights->find(entry.key().toStringRef());
+        if (listed == weights->end() || listed->get<std::string>() != file)
+          throw CheckpointError("'" + (dir / file).string() + "' holds '" + entry.key().toStringRef() + "', which " + index.string() +
+                                " does not list in it");
+        all.insert(entry.key(), entry.value());
+      }
+    for (const auto& [name, file] : weights->items())
+      if (all.find(name) == all.end())
+        throw CheckpointError("'" + index.string() + "' lists '" + name + "' in " + file.get<std::string>() + ", which does not hold it");
+    return unwrapped(all);
+  }
+  return std::nullopt;
+}
+
 }  // namespace dettrial::detail
 
 namespace dettrial {
@@ -106,9 +148,17 @@ DETTRIAL_INLINE StateDict read_model_state_dict(const std::filesystem::path& pat
   std::error_code ec;
   if (!fs::exists(path, ec)) throw CheckpointError("cannot load weights: '" + path.string() + "' does not exist");
   const bool directory = fs::is_directory(path, ec);
-  const fs::path file = directory ? CheckpointFolder{path}.state_dict() : path;
+  if (!directory && looks_like_safetensors(path)) return detail::unwrapped(read_safetensors(path).tensors);
+  if (directory && !fs::exists(CheckpointFolder{path}.state_dict(), ec))
+    if (auto pretrained = detail::read_pretrained_directory(path)) return *std::move(pretrained);
+  const fs::path pytorch_model = path / "pytorch_model.bin";
+  const fs::path file = !directory                                            ? path
+                        : fs::exists(CheckpointFolder{path}.state_dict(), ec) ? CheckpointFolder{path}.state_dict()
+                                                                              : pytorch_model;
   if (directory && !fs::exists(file, ec))
-    throw CheckpointError("cannot load weights: '" + path.string() + "' is a directory without state_dict.pth (not a checkpoint)");
+    throw CheckpointError("cannot load weights: '" + path.string() +
+                          "' is a directory without state_dict.pth (a checkpoint's), model.safetensors, model.safetensors.index.json "
+                          "or pytorch_model.bin (a Hugging Face model's)");
   // A dettrial checkpoint lists its files' sizes and checksums: use them when they are there.
   const bool listed =
       directory && fs::exists(CheckpointFolder{path}.metadata(), ec) && fs::exists(CheckpointFolder{path}.libtorch_state(), ec);
