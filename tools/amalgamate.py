@@ -3,7 +3,8 @@
 (search spaces and searchers), single_include/dettrial/main.hpp
 (the opt-in command line, which includes the first and inlines only what it adds), the same for
 single_include/dettrial/vision.hpp (image data), single_include/dettrial/keras.hpp (Keras-style trials)
-and single_include/dettrial/samplers.hpp (the samplers' range-v3 views), and
+single_include/dettrial/samplers.hpp (the samplers' range-v3 views) and single_include/dettrial/tokens.hpp
+(token data for language models), and
 single_include/dettrial/src.hpp (separate-compilation mode's source, which includes main.hpp) from include/
 (dettrial's headers inlined once each, system and third-party includes kept). `--check` fails when a
 committed file is stale."""
@@ -26,6 +27,8 @@ KERAS_ENTRY = INCLUDE / "dettrial" / "keras.hpp"
 KERAS_OUTPUT = ROOT / "single_include" / "dettrial" / "keras.hpp"
 SAMPLERS_ENTRY = INCLUDE / "dettrial" / "samplers.hpp"
 SAMPLERS_OUTPUT = ROOT / "single_include" / "dettrial" / "samplers.hpp"
+TOKENS_ENTRY = INCLUDE / "dettrial" / "tokens.hpp"
+TOKENS_OUTPUT = ROOT / "single_include" / "dettrial" / "tokens.hpp"
 SRC_ENTRY = INCLUDE / "dettrial" / "src.hpp"
 SRC_OUTPUT = ROOT / "single_include" / "dettrial" / "src.hpp"
 BANNER = """// ==========================================================================================
@@ -83,13 +86,15 @@ def generate() -> dict:
     inline(KERAS_ENTRY.resolve(), set(trial_api), keras_out)
     samplers_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
     inline(SAMPLERS_ENTRY.resolve(), set(trial_api), samplers_out)
-    # src.hpp only includes main.hpp, vision.hpp and keras.hpp: copied as it is, it includes their
-    # single-header editions beside it.
+    tokens_out = [BANNER, "#pragma once\n", '#include "dettrial.hpp"\n']
+    inline(TOKENS_ENTRY.resolve(), set(trial_api), tokens_out)
+    # src.hpp only includes main.hpp, vision.hpp, keras.hpp and tokens.hpp: copied as it is, it
+    # includes their single-header editions beside it.
     src = SRC_ENTRY.read_text()
-    assert re.findall(r'#\s*include\s*"([^"]+)"', src) == ["main.hpp", "vision.hpp", "keras.hpp"], \
-        "src.hpp must include main.hpp, vision.hpp and keras.hpp only"
+    assert re.findall(r'#\s*include\s*"([^"]+)"', src) == ["main.hpp", "vision.hpp", "keras.hpp", "tokens.hpp"], \
+        "src.hpp must include main.hpp, vision.hpp, keras.hpp and tokens.hpp only"
     return {OUTPUT: "".join(out), SEARCH_OUTPUT: "".join(search_out), MAIN_OUTPUT: "".join(main_out), VISION_OUTPUT: "".join(vision_out), KERAS_OUTPUT: "".join(keras_out),
-            SAMPLERS_OUTPUT: "".join(samplers_out), SRC_OUTPUT: BANNER + src}
+            SAMPLERS_OUTPUT: "".join(samplers_out), TOKENS_OUTPUT: "".join(tokens_out), SRC_OUTPUT: BANNER + src}
 
 
 def main() -> int:

@@ -26,7 +26,7 @@ LAYERS = [
     ["trainer"],
     ["search", "keras"],
     ["dettrial.hpp"],
-    ["vision.hpp", "search.hpp", "samplers.hpp", "keras.hpp"],
+    ["vision.hpp", "search.hpp", "samplers.hpp", "keras.hpp", "tokens.hpp"],
     ["cli"],
     ["main.hpp"],
     ["src.hpp"],

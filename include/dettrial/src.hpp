@@ -19,3 +19,4 @@
 #include "main.hpp"
 #include "vision.hpp"
 #include "keras.hpp"
+#include "tokens.hpp"

@@ -22,8 +22,8 @@ else()
   # The readers of outside input: checkpoints (python_state: the pickle machine and the zip
   # container; checkpoint: dettrial's and Determined's folders), IDX and the data pipeline (data),
   # configs and search spaces (config, config_schema, search), metrics.jsonl, events.jsonl and
-  # TensorBoard's files (observability), safetensors (huggingface), and the image decoders (vision, below).
-  set(_files python_state_test checkpoint_test data_test config_test config_schema_test search_test observability_test huggingface_test)
+  # TensorBoard's files (observability), safetensors (huggingface), token files (token_file), and the image decoders (vision, below).
+  set(_files python_state_test checkpoint_test data_test config_test config_schema_test search_test observability_test huggingface_test token_file_test)
   set(_options "ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1:halt_on_error=1"
                "LSAN_OPTIONS=suppressions=${_suppressions}/lsan.supp:print_suppressions=0"
                "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=${_suppressions}/ubsan.supp")

@@ -15,7 +15,7 @@ add_executable(dettrial_unit_tests unit/main.cpp unit/source_dir.cpp unit/config
                                    unit/mixed_precision_test.cpp unit/optim_test.cpp
                                    unit/config_schema_test.cpp unit/observability_test.cpp
                                    unit/step_capture_test.cpp unit/batch_norm_test.cpp unit/hooks_test.cpp
-                                   unit/python_state_test.cpp unit/zero_test.cpp)
+                                   unit/python_state_test.cpp unit/zero_test.cpp unit/token_file_test.cpp)
 target_link_libraries(dettrial_unit_tests PRIVATE dettrial::compiled doctest::doctest)
 target_compile_definitions(dettrial_unit_tests PRIVATE DETTRIAL_MNIST10K_DIR="${DETTRIAL_MNIST10K_DIR}")
 dettrial_use_compiled_pch(dettrial_unit_tests)
@@ -31,7 +31,7 @@ option(DETTRIAL_UNITY_TESTS "Compile the unit tests' files in groups of two or t
 if(DETTRIAL_UNITY_TESTS)
   set(_groups_dir "${CMAKE_CURRENT_BINARY_DIR}/unit-groups")
   foreach(_group IN ITEMS "trainer_test data_parallel_test config_schema_test" "keras_test distributed_test config_test"
-                          "checkpoint_test observability_test search_test" "python_state_test step_capture_test"
+                          "checkpoint_test observability_test search_test" "python_state_test step_capture_test token_file_test"
                           "batch_norm_test data_test zero_test" "optim_test mixed_precision_test hooks_test")
     string(REPLACE " " ";" _files "${_group}")
     list(GET _files 0 _name)
