@@ -7384,8 +7384,9 @@ namespace dettrial::clip {
 struct none {
   void operator()(std::vector<torch::Tensor>&) const noexcept {}
 };
-/// Scales gradients so their total `norm_type`-norm is at most `max_norm`: torch's clip_grad_norm_,
-/// the same operations, without reading the norm back to the host (which LibTorch's does to return
+/// Scales gradients so their total `norm_type`-norm is at most `max_norm`: Python's
+/// torch.nn.utils.clip_grad_norm_, the same operations in the same order (over the parameters in
+/// the order given), without reading the norm back to the host (which LibTorch's does to return
 /// it), so that the step stays asynchronous and a CUDA graph can capture it.
 struct by_norm {
   double max_norm;
@@ -7408,10 +7409,14 @@ struct by_norm {
     } else {
       std::vector<torch::Tensor> norms;
       norms.reserve(grads.size());
-      for (const auto& g : grads) norms.push_back(g.norm(norm_type));
-      total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(norm_type);
+      // torch.linalg.vector_norm, as Python's clip_grad_norm_ takes them (Tensor.norm reduces in
+      // another order on some releases: a last bit apart, which the clip's coefficient carries).
+      for (const auto& g : grads) norms.push_back(at::linalg_vector_norm(g, norm_type));
+      total = at::linalg_vector_norm(torch::stack(norms), norm_type);
     }
-    const torch::Tensor coef = torch::clamp_max(max_norm / (total + 1e-6), 1.0);
+    // Python's `max_norm / (total_norm + 1e-6)` is Tensor.__rtruediv__: the reciprocal, then a
+    // product (two roundings), where LibTorch's C++ clip_grad_norm_ divides (one).
+    const torch::Tensor coef = torch::clamp_max((total + 1e-6).reciprocal() * max_norm, 1.0);
     for (auto& g : grads) g.mul_(coef);
   }
 };

