@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <numbers>
 #include <optional>
 #include <string>
 #include <utility>
@@ -64,7 +65,7 @@ struct NanoGptSchedule {
     if (it < warmup_iters) return learning_rate * static_cast<double>(it + 1) / static_cast<double>(warmup_iters + 1);
     if (it > lr_decay_iters) return min_lr;
     const double decay_ratio = static_cast<double>(it - warmup_iters) / static_cast<double>(lr_decay_iters - warmup_iters);
-    const double coeff = 0.5 * (1.0 + std::cos(M_PI * decay_ratio));
+    const double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * decay_ratio));
     return min_lr + coeff * (learning_rate - min_lr);
   }
   double factor(std::int64_t it) const { return lr(it) / learning_rate; }

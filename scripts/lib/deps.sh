@@ -96,15 +96,21 @@ dettrial_keras_python() {
   echo "$DETTRIAL_VENV/bin/python"
 }
 
+# Installs PyPI's packages "$@" into the venv of PyPI's torch, that torch pinned (a package that
+# asks for another release would otherwise move it).
+dettrial_pip_beside_torch() {
+  local torch_version
+  torch_version=$("$DETTRIAL_VENV/bin/python" -c 'import torch; print(torch.__version__)') || return 1
+  dettrial_log "installing $* from PyPI into $DETTRIAL_VENV (beside torch $torch_version)"
+  "$DETTRIAL_VENV/bin/python" -m pip install -q "$@" "torch==${torch_version%%+*}" >&2
+}
+
 # PyPI's torchvision (and PIL) in the venv of PyPI's torch, without moving that torch: the image
 # tests' and bench/image's reference. Prints that venv's python; fails when no torchvision release
 # accepts the installed torch.
 dettrial_torchvision_python() {
   if ! "$DETTRIAL_VENV/bin/python" -c 'import torchvision' 2>/dev/null; then
-    local torch_version
-    torch_version=$("$DETTRIAL_VENV/bin/python" -c 'import torch; print(torch.__version__)') || return 1
-    dettrial_log "installing torchvision from PyPI into $DETTRIAL_VENV (beside torch $torch_version)"
-    "$DETTRIAL_VENV/bin/python" -m pip install -q torchvision pillow "torch==${torch_version%%+*}" >&2 || return 1
+    dettrial_pip_beside_torch torchvision pillow || return 1
   fi
   echo "$DETTRIAL_VENV/bin/python"
 }
@@ -114,10 +120,7 @@ dettrial_torchvision_python() {
 # own readers and writers. Prints that venv's python.
 dettrial_transformers_python() {
   if ! "$DETTRIAL_VENV/bin/python" -c 'import transformers, safetensors' 2>/dev/null; then
-    local torch_version
-    torch_version=$("$DETTRIAL_VENV/bin/python" -c 'import torch; print(torch.__version__)') || return 1
-    dettrial_log "installing transformers and safetensors from PyPI into $DETTRIAL_VENV (beside torch $torch_version)"
-    "$DETTRIAL_VENV/bin/python" -m pip install -q transformers safetensors "torch==${torch_version%%+*}" >&2 || return 1
+    dettrial_pip_beside_torch transformers safetensors || return 1
   fi
   echo "$DETTRIAL_VENV/bin/python"
 }

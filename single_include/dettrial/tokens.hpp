@@ -183,23 +183,17 @@ DETTRIAL_INLINE void TokenFile::copy(std::int64_t begin, std::int64_t count, std
     throw DataError("token file '" + map_->path.string() + "': tokens [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
                     ") asked for, but it has " + std::to_string(tokens_));
   std::int64_t largest = 0;
-  if (width_ == TokenWidth::u16) {
-    const unsigned char* p = map_->bytes + 2 * begin;
+  const auto widen = [&]<class Id>(Id) {
+    const unsigned char* p = map_->bytes + sizeof(Id) * static_cast<std::size_t>(begin);
     for (std::int64_t i = 0; i < count; ++i) {
-      std::uint16_t id;
-      std::memcpy(&id, p + 2 * i, 2);
+      Id id;
+      std::memcpy(&id, p + sizeof(Id) * static_cast<std::size_t>(i), sizeof(Id));
       out[i] = id;
       largest = std::max<std::int64_t>(largest, id);
     }
-  } else {
-    const unsigned char* p = map_->bytes + 4 * begin;
-    for (std::int64_t i = 0; i < count; ++i) {
-      std::uint32_t id;
-      std::memcpy(&id, p + 4 * i, 4);
-      out[i] = id;
-      largest = std::max<std::int64_t>(largest, id);
-    }
-  }
+  };
+  if (width_ == TokenWidth::u16) widen(std::uint16_t{});
+  else widen(std::uint32_t{});
   if (vocab_size_ && largest >= *vocab_size_)
     for (std::int64_t i = 0; i < count; ++i)
       if (out[i] >= *vocab_size_)

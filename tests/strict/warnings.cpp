@@ -16,9 +16,12 @@ int image_example_main(int argc, char** argv) { return dettrial::mnist_example_m
 // The porting guide's ImageNet trial, with torchvision's ResNets.
 #include "../../examples/imagenet/imagenet_trial.hpp"
 int imagenet_example_main(int argc, char** argv) { return dettrial::mnist_example_main<imagenet::ImageNetTrial>(argc, argv); }
+// The GPT example, with <dettrial/tokens.hpp>.
+#include "../../examples/gpt/gpt_trial.hpp"
+int gpt_example_main(int argc, char** argv) { return dettrial::mnist_example_main<gpt::GptTrial>(argc, argv); }
 
 int main(int argc, char** argv) {
   return argc > 99 ? mnist_example_main(argc, argv) + regression_example_main() + keras_example_main(argc, argv) +
-                         image_example_main(argc, argv) + imagenet_example_main(argc, argv)
+                         image_example_main(argc, argv) + imagenet_example_main(argc, argv) + gpt_example_main(argc, argv)
                    : 0;
 }
