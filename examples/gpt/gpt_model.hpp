@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -32,6 +33,9 @@ struct GPTConfig {
   std::int64_t n_embd = 768;
   double dropout = 0.0;
   bool bias = true;  // in the Linears and LayerNorms, as GPT-2
+  /// GELU's tanh approximation (GPT-2's `gelu_new`, what OpenAI's weights were trained with);
+  /// nanoGPT's is the exact GELU.
+  bool gelu_tanh = false;
 };
 
 /// nanoGPT's LayerNorm: PyTorch's, with the bias optional (`bias=False` has none).
@@ -102,7 +106,7 @@ class MLPImpl : public torch::nn::Cloneable<MLPImpl> {
   void reset() override {
     const auto& c = config_;
     c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(c.bias)));
-    gelu = register_module("gelu", torch::nn::GELU());
+    gelu = register_module("gelu", torch::nn::GELU(torch::nn::GELUOptions().approximate(c.gelu_tanh ? "tanh" : "none")));
     c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(c.bias)));
     dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
   }
@@ -233,8 +237,10 @@ class GPTImpl : public torch::nn::Cloneable<GPTImpl> {
   }
 
   /// nanoGPT's generate: `max_new_tokens` ids sampled one at a time from the softmax of the last
-  /// logits over `temperature`, among the `top_k` likeliest when given (0: all).
-  torch::Tensor generate(torch::Tensor idx, std::int64_t max_new_tokens, double temperature = 1.0, std::int64_t top_k = 0) {
+  /// logits over `temperature`, among the `top_k` likeliest when given (0: all), drawn from
+  /// `generator` (unset: LibTorch's default one, as nanoGPT draws from torch's).
+  torch::Tensor generate(torch::Tensor idx, std::int64_t max_new_tokens, double temperature = 1.0, std::int64_t top_k = 0,
+                         std::optional<at::Generator> generator = std::nullopt) {
     torch::NoGradGuard no_grad;
     for (std::int64_t i = 0; i < max_new_tokens; ++i) {
       const torch::Tensor context =
@@ -245,7 +251,9 @@ class GPTImpl : public torch::nn::Cloneable<GPTImpl> {
             std::get<0>(logits.topk(std::min(top_k, logits.size(-1)))).narrow(1, -1 + std::min(top_k, logits.size(-1)), 1);
         logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
       }
-      idx = torch::cat({idx, torch::multinomial(torch::softmax(logits, -1), 1)}, 1);
+      // c10::optional, which is not std::optional before LibTorch 2.4.
+      const c10::optional<at::Generator> drawn_from = generator ? c10::optional<at::Generator>(*generator) : c10::nullopt;
+      idx = torch::cat({idx, at::multinomial(torch::softmax(logits, -1), 1, /*replacement=*/false, drawn_from)}, 1);
     }
     return idx;
   }

@@ -9,6 +9,7 @@
 //   gpt --config examples/gpt/cpu.yaml --set data.dir=$HOME/.cache/dettrial/shakespeare
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <numbers>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -130,7 +132,8 @@ class GptTrial {
                                 {.batch_size = batch, .seed = 1337});
   }
 
-  dettrial::Metrics train_batch(Batch& batch, std::int64_t /*epoch_idx*/, std::int64_t /*batch_idx*/) {
+  dettrial::Metrics train_batch(Batch& batch, std::int64_t /*epoch_idx*/, std::int64_t batch_idx) {
+    batches_trained_ = batch_idx + 1;
     auto& [x, y] = batch;
     const torch::Tensor loss = GPTImpl::loss(model_->forward(x.to(context_.device())), y.to(context_.device()));
     context_.backward(loss);
@@ -152,12 +155,50 @@ class GptTrial {
   GPT& model() { return model_; }
   const Vocabulary& vocabulary() const { return vocabulary_; }
 
+  /// Text sampled from the model after `prompt` (nanoGPT's sample.py: temperature 0.8, the 200
+  /// likeliest), drawn from a generator of `seed`'s, so that sampling leaves the training's draws alone.
+  std::string sample(const std::string& prompt, std::int64_t tokens, std::uint64_t seed, double temperature = 0.8,
+                     std::int64_t top_k = 200) {
+    std::vector<std::int64_t> ids;
+    for (const char ch : prompt) {
+      const auto it = std::find(vocabulary_.itos.begin(), vocabulary_.itos.end(), std::string(1, ch));
+      if (it == vocabulary_.itos.end())
+        throw dettrial::DataError(std::string("the prompt's character '") + ch + "' is not in the vocabulary");
+      ids.push_back(it - vocabulary_.itos.begin());
+    }
+    const bool training = model_->is_training();
+    model_->eval();
+    at::Generator generator = at::detail::createCPUGenerator(seed);
+    const torch::Tensor start = torch::tensor(ids, torch::kLong).view({1, -1}).to(context_.device());
+    const torch::Tensor out =
+        model_->generate(start, tokens, temperature, top_k, context_.device().is_cpu() ? std::optional(generator) : std::nullopt);
+    model_->train(training);
+    return vocabulary_.decode(out[0]);
+  }
+
+  /// At each validation, a few lines the model writes after a newline (the chief's): into
+  /// TensorBoard's text dashboard (tag `samples`) and `samples.txt` beside the run's report.
+  struct Samples {
+    GptTrial* trial;
+    void on_validation_end(const dettrial::MetricValues& /*metrics*/) { trial->write_samples(); }
+  };
+  auto build_callbacks() { return std::tuple{Samples{this}}; }
+
  private:
   static std::filesystem::path default_data_dir() {
     const char* cache = std::getenv("XDG_CACHE_HOME");
     const char* home = std::getenv("HOME");
     return (cache && *cache ? std::filesystem::path(cache) : std::filesystem::path(home ? home : "/") / ".cache") / "dettrial" /
            "shakespeare";
+  }
+
+  void write_samples() {
+    const std::int64_t tokens = context_.get_data_or<std::int64_t>("sample_tokens", 200);
+    if (!context_.distributed().is_chief() || tokens <= 0) return;
+    const std::string text = sample("\n", tokens, static_cast<std::uint64_t>(batches_trained_));
+    context_.get_tensorboard_writer().add_text("samples", "```\n" + text + "\n```", batches_trained_);
+    if (const std::filesystem::path tb = context_.get_tensorboard_path(); !tb.empty())
+      std::ofstream(tb.parent_path() / "samples.txt", std::ios::app) << "---- batch " << batches_trained_ << "\n" << text << "\n";
   }
 
   /// nanoGPT's configure_optimizers: AdamW, the parameters of 2 or more dimensions in a group with
@@ -213,6 +254,7 @@ class GptTrial {
   std::unique_ptr<dettrial::optim::Muon> muon_;
   std::vector<std::unique_ptr<dettrial::optim::LambdaLR>> schedulers_;
   std::vector<torch::Tensor> model_params_;  // each once, in the model's order
+  std::int64_t batches_trained_ = 0;
 };
 
 }  // namespace gpt

@@ -10778,6 +10778,8 @@ class TensorBoardWriter {
   /// A histogram of `values` (any shape, any device; non-finite values are left out) in `bins`
   /// equal-width buckets between their minimum and maximum.
   void add_histogram(std::string_view tag, const torch::Tensor& values, std::int64_t step, std::int64_t bins = 30);
+  /// Text at `step` (TensorBoard's text dashboard renders it as Markdown): a language model's samples.
+  void add_text(std::string_view tag, std::string_view text, std::int64_t step);
   /// The run's hyperparameters (TensorBoard's hparams dashboard: one session per run folder, its
   /// metrics the run's scalars). `group` names the session's group (a search's trial).
   void add_hparams(const std::vector<std::pair<std::string, HParamValue>>& hparams, std::string_view group = {});
@@ -11066,6 +11068,19 @@ DETTRIAL_INLINE void TensorBoardWriter::add_histogram(std::string_view tag, cons
   }
   detail::tensorboard::Message v, summary;
   v.bytes(1, tag).message(5, histo);
+  summary.message(1, v);
+  write_event(step, summary);
+}
+
+DETTRIAL_INLINE void TensorBoardWriter::add_text(std::string_view tag, std::string_view text, std::int64_t step) {
+  if (!out_.is_open()) return;
+  // A string tensor (TensorProto: dtype 7, DT_STRING; an empty shape, a scalar; string_val) with
+  // the text plugin's metadata, as tensorboard.summary's text() writes it.
+  detail::tensorboard::Message plugin, metadata, shape, tensor, v, summary;
+  plugin.bytes(1, "text");
+  metadata.message(1, plugin);
+  tensor.varint(1, 7).message(2, shape).bytes(8, text);
+  v.bytes(1, tag).message(8, tensor).message(9, metadata);
   summary.message(1, v);
   write_event(step, summary);
 }

@@ -33,6 +33,7 @@ set(_program dettrial_${_name}_tests)
 list(TRANSFORM _files PREPEND "unit/")
 list(TRANSFORM _files APPEND ".cpp")
 add_executable(${_program} unit/main.cpp unit/source_dir.cpp ${_files})
+target_include_directories(${_program} PRIVATE "${PROJECT_SOURCE_DIR}/examples/gpt")  # huggingface_test's GPT-2 cases
 target_link_libraries(${_program} PRIVATE dettrial::compiled doctest::doctest)
 target_compile_definitions(${_program} PRIVATE DETTRIAL_MNIST10K_DIR="${DETTRIAL_MNIST10K_DIR}")
 dettrial_use_compiled_pch(${_program})

@@ -149,18 +149,25 @@ target_compile_definitions(dettrial_gpt_tests PRIVATE DETTRIAL_TEST_PYTHON="${DE
 dettrial_use_compiled_pch(dettrial_gpt_tests)
 doctest_discover_tests(dettrial_gpt_tests TEST_PREFIX "gpt: " PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "DETTRIAL_GPT_DATA=${_gpt_data}"
                        FIXTURES_REQUIRED dettrial_gpt_data)
-# The example through dettrial::main on the CPU config, shortened: it trains, validates and
-# checkpoints, the validation loss under the untrained model's (ln 84 = 4.43). A missing corpus
-# (the fixture skipped) skips it: its first line checks for the slice.
-if(TARGET gpt)
-  add_test(NAME "gpt: the example trains on Shakespeare through dettrial::main on cpu.yaml (60 batches)"
-           COMMAND sh -c "test -f '${_gpt_data}/train.bin' || { echo 'skipped: no corpus slice'; exit 77; }; exec \"$0\" \"$@\""
-                   $<TARGET_FILE:gpt> --config "${PROJECT_SOURCE_DIR}/examples/gpt/cpu.yaml" --set "data.dir=${_gpt_data}"
-                   --set searcher.max_length.batches=60 --set min_validation_period.batches=30 --set data.eval_iters=4
-                   --output "${CMAKE_CURRENT_BINARY_DIR}/gpt-example-run")
-  set_tests_properties("gpt: the example trains on Shakespeare through dettrial::main on cpu.yaml (60 batches)" PROPERTIES
-                       FIXTURES_REQUIRED dettrial_gpt_data SKIP_RETURN_CODE 77
+# The example through dettrial::main on the CPU config, shortened: it trains, validates (the
+# validation loss under the untrained model's, ln 84 = 4.43), writes its samples and checkpoints;
+# gpt_sample continues a prompt from that checkpoint; TensorBoard reads the samples.
+if(TARGET gpt AND TARGET gpt_sample)
+  set(_gpt_run "${CMAKE_CURRENT_BINARY_DIR}/gpt-example-run")
+  set(_gpt_example "gpt: the example trains on Shakespeare through dettrial::main on cpu.yaml (60 batches), and gpt_sample continues a prompt")
+  add_test(NAME "${_gpt_example}" COMMAND "${CMAKE_CURRENT_SOURCE_DIR}/cli/gpt_example.sh" $<TARGET_FILE:gpt> $<TARGET_FILE:gpt_sample> "${_gpt_data}"
+                                          "${_gpt_run}" "${PROJECT_SOURCE_DIR}/examples/gpt/cpu.yaml")
+  set_tests_properties("${_gpt_example}" PROPERTIES FIXTURES_REQUIRED dettrial_gpt_data FIXTURES_SETUP dettrial_gpt_run SKIP_RETURN_CODE 77
                        PASS_REGULAR_EXPRESSION "batches 60 +epochs 0 +val_loss [0-3]\\.[0-9]+")
+  if(DETTRIAL_TENSORBOARD_PYTHON)
+    add_test(NAME "gpt: TensorBoard's text dashboard reads the example's samples"
+             COMMAND "${DETTRIAL_TENSORBOARD_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/read_tensorboard_text.py" "${_gpt_run}" samples "```")
+    set_tests_properties("gpt: TensorBoard's text dashboard reads the example's samples" PROPERTIES FIXTURES_REQUIRED dettrial_gpt_run
+                         SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "ok: TensorBoard reads")
+  else()
+    dettrial_skipped_test("gpt: TensorBoard's text dashboard reads the example's samples"
+                          "no Python with the tensorboard package given (-DDETTRIAL_TENSORBOARD_PYTHON=...)")
+  endif()
 endif()
 
 # Hugging Face's files: safetensors (and transformers' model directories) written by their own
@@ -168,7 +175,8 @@ endif()
 # without one, the cases that compare with them skip.
 set(DETTRIAL_TRANSFORMERS_PYTHON "" CACHE FILEPATH "A Python with PyPI's transformers, safetensors and torch, whose files dettrial's are tested against")
 dettrial_python_fixture_tests(dettrial_huggingface_tests "unit/huggingface_test.cpp;unit/source_dir.cpp" "${DETTRIAL_TRANSFORMERS_PYTHON}"
-                              huggingface_fixtures.py "huggingface: safetensors writes its files" DETTRIAL_HUGGINGFACE_FIXTURES)
+                              huggingface_fixtures.py "huggingface: safetensors and transformers write their files" DETTRIAL_HUGGINGFACE_FIXTURES)
+target_include_directories(dettrial_huggingface_tests PRIVATE "${PROJECT_SOURCE_DIR}/examples/gpt")
 
 # Checkpoints Python can load: the MNIST trial's checkpoint goes into the same network written in
 # Python (DETTRIAL_PYTHON, the torch matching this LibTorch), whose outputs must match.

@@ -11,6 +11,14 @@ OUT/common.safetensors: the same with only the dtypes every LibTorch dettrial bu
 (not U16, U32, U64 and the 8-bit floats, which LibTorch 1.13 lacks). Complex values are compared
 by their real parts (arange's imaginary parts are zero).
 OUT/empty.safetensors: no tensors. OUT/python.txt: this Python, for the --check half.
+OUT/gpt2/: transformers' GPT2LMHeadModel of a small GPT2Config, randomly initialised after
+torch.manual_seed(0) (nothing is downloaded), as save_pretrained writes it (config.json,
+model.safetensors); OUT/gpt2-bin/: the same config with pytorch_model.bin, torch.save of its
+state_dict as transformers 4's save_pretrained wrote it (transformers 5 writes safetensors only);
+OUT/gpt2-logits.safetensors: token ids and the logits the model computes on them (eval mode).
+
+  huggingface_fixtures.py --check-gpt2 DIR LOGITS   GPT2LMHeadModel.from_pretrained(DIR) computes
+                                                    LOGITS's logits on its ids
 Exits 77 (skipped) without safetensors or torch.
 """
 import json
@@ -67,7 +75,45 @@ def write(out):
         json.dump({"tensors": manifest, "common": [t["name"] for t in common_manifest], "metadata": METADATA}, f)
     with open(os.path.join(out, "python.txt"), "w") as f:
         f.write(sys.executable)
+    write_gpt2(out)
     print(f"ok: safetensors {__import__('safetensors').__version__} wrote {len(manifest)} dtypes with torch {torch.__version__}")
+
+
+def write_gpt2(out):
+    import os
+    import shutil
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        print("note: no transformers: the GPT-2 fixtures are not written")
+        return
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=84, bos_token_id=None, eos_token_id=None)
+    model = GPT2LMHeadModel(config).eval()
+    model.save_pretrained(os.path.join(out, "gpt2"))
+    os.makedirs(os.path.join(out, "gpt2-bin"), exist_ok=True)
+    shutil.copy(os.path.join(out, "gpt2", "config.json"), os.path.join(out, "gpt2-bin", "config.json"))
+    torch.save(model.state_dict(), os.path.join(out, "gpt2-bin", "pytorch_model.bin"))
+    ids = torch.randint(0, 84, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(ids).logits
+    save_file({"ids": ids, "logits": logits.contiguous()}, os.path.join(out, "gpt2-logits.safetensors"))
+
+
+def check_gpt2(directory, logits_path):
+    """What dettrial wrote as a transformers directory: from_pretrained loads it, and computes
+    dettrial's logits on the same ids."""
+    from transformers import GPT2LMHeadModel
+    expected = load_file(logits_path)
+    model = GPT2LMHeadModel.from_pretrained(directory).eval()
+    with torch.no_grad():
+        logits = model(expected["ids"]).logits
+    difference = (logits - expected["logits"]).abs().max().item()
+    scale = expected["logits"].abs().max().item()
+    if not torch.allclose(logits, expected["logits"], rtol=1e-4, atol=1e-5):
+        print(f"GPT2LMHeadModel.from_pretrained({directory}) computes other logits: largest difference {difference} of {scale}")
+        sys.exit(1)
+    print(f"ok: transformers loads dettrial's GPT-2 directory and computes its logits (largest difference {difference:.2e} of {scale:.2f})")
 
 
 def check(path, manifest_path):
@@ -102,5 +148,7 @@ def check(path, manifest_path):
 if __name__ == "__main__":
     if sys.argv[1] == "--check":
         check(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "--check-gpt2":
+        check_gpt2(sys.argv[2], sys.argv[3])
     else:
         write(sys.argv[1])

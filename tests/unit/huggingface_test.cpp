@@ -1,6 +1,7 @@
 // Hugging Face's files: safetensors read as Hugging Face's own writer wrote them
 // (tests/python/huggingface_fixtures.py), written so that its reader loads them, every malformed
-// file refused by name, and load_weights over a safetensors file and a model directory.
+// file refused by name, load_weights over a safetensors file and a model directory, and the GPT
+// example's model to and from transformers' GPT-2.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -19,6 +20,7 @@
 
 #include <dettrial/dettrial.hpp>
 
+#include "huggingface.hpp"
 #include "skip.hpp"
 #include "source_dir.hpp"
 
@@ -301,4 +303,69 @@ TEST_CASE("load_weights reads a safetensors file, a model directory and its shar
   fs::create_directories(nothing);
   CHECK_THROWS_WITH_AS(dettrial::load_weights(from_shards, nothing),
                        doctest::Contains("model.safetensors, model.safetensors.index.json or pytorch_model.bin"), CheckpointError);
+}
+
+TEST_CASE("GPT-2: a directory transformers' save_pretrained wrote loads into the GPT example's model and gives its logits") {
+  std::string why;
+  const auto dir = fixtures(why);
+  if (!dir) return test::skip(why);
+  if (!fs::exists(*dir / "gpt2" / "model.safetensors"))
+    return test::skip("the fixtures' Python has no transformers (PyPI's: scripts/test installs it)");
+  const auto expected = dettrial::read_safetensors(*dir / "gpt2-logits.safetensors").tensors;
+  const torch::Tensor ids = expected.at("ids").toTensor(), logits = expected.at("logits").toTensor();
+  for (const std::string folder : {"gpt2", "gpt2-bin"}) {
+    CAPTURE(folder);
+    const gpt::GPTConfig config = gpt::read_huggingface_config(*dir / folder);
+    CHECK(config.gelu_tanh);  // GPT-2's gelu_new
+    gpt::GPT model(config);
+    gpt::load_huggingface(model, *dir / folder);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const torch::Tensor ours = model->forward(ids);
+    MESSAGE(folder << ": largest difference from transformers' logits " << (ours - logits).abs().max().item<double>() << " of "
+                   << logits.abs().max().item<double>());
+    CHECK(torch::allclose(ours, logits, 1e-4, 1e-5));
+  }
+
+  // And back: the model written as a directory, which transformers' from_pretrained loads and
+  // computes the same logits with (the example's exact GELU named "gelu" in its config).
+  torch::manual_seed(4);
+  gpt::GPTConfig own;
+  own.block_size = 64, own.vocab_size = 84, own.n_layer = 2, own.n_head = 2, own.n_embd = 32, own.bias = false;
+  gpt::GPT model(own);
+  model->eval();
+  const fs::path out = scratch("gpt2-written");
+  gpt::save_huggingface(model, out / "model");
+  torch::NoGradGuard no_grad;
+  dettrial::StateDict ours = dettrial::empty_state_dict();
+  ours.insert("ids", ids);
+  ours.insert("logits", model->forward(ids).contiguous());
+  dettrial::write_safetensors(out / "logits.safetensors", ours);
+  const std::string python = file_text(*dir / "python.txt");
+  const std::string command = "'" + python + "' '" + test::tests_source_dir() + "/python/huggingface_fixtures.py' --check-gpt2 '" +
+                              (out / "model").string() + "' '" + (out / "logits.safetensors").string() + "'";
+  CHECK_MESSAGE(std::system(command.c_str()) == 0, command);
+  // Read back here too: the same weights.
+  gpt::GPT again(gpt::read_huggingface_config(out / "model"));
+  gpt::load_huggingface(again, out / "model");
+  CHECK(torch::equal(again->transformer->wte->weight, model->transformer->wte->weight));
+  CHECK(torch::equal(again->transformer->h[0]->as<gpt::Block>()->attn->c_attn->weight,
+                     model->transformer->h[0]->as<gpt::Block>()->attn->c_attn->weight));
+}
+
+TEST_CASE("GPT-2: a config of another model, and weights of another shape, are refused by name") {
+  const fs::path dir = scratch("gpt2-bad");
+  std::ofstream(dir / "config.json") << R"({"model_type": "llama", "vocab_size": 10})";
+  CHECK_THROWS_WITH_AS(gpt::read_huggingface_config(dir), doctest::Contains("is a 'llama' model, not GPT-2"), dettrial::ConfigError);
+  std::ofstream(dir / "config.json") << R"({"model_type": "gpt2", "vocab_size": 10})";
+  CHECK_THROWS_WITH_AS(gpt::read_huggingface_config(dir), doctest::Contains("is not a GPT2Config"), dettrial::ConfigError);
+  torch::manual_seed(4);
+  gpt::GPTConfig small;
+  small.block_size = 16, small.vocab_size = 20, small.n_layer = 1, small.n_head = 2, small.n_embd = 8;
+  gpt::GPT model(small);
+  gpt::save_huggingface(model, dir / "small");
+  small.n_embd = 16;
+  gpt::GPT wider(small);
+  CHECK_THROWS_WITH_AS(gpt::load_huggingface(wider, dir / "small"), doctest::Contains("size mismatch: 'transformer.wte.weight'"),
+                       CheckpointError);
 }
