@@ -77,7 +77,11 @@ inline GPTConfig model_config(const dettrial::Context& context, std::int64_t voc
   const auto& h = context.get_hparams();
   GPTConfig c;
   c.block_size = h.get_or<std::int64_t>("block_size", 256);
-  c.vocab_size = vocab_size;
+  // nanoGPT pads GPT-2's 50,257 to 50,304 (a multiple of 64) for speed; ids past the corpus's are never seen.
+  c.vocab_size = h.get_or<std::int64_t>("vocab_size", vocab_size);
+  if (c.vocab_size < vocab_size)
+    throw dettrial::HyperparameterError("vocab_size " + std::to_string(c.vocab_size) + " is smaller than the corpus's vocabulary (" +
+                                        std::to_string(vocab_size) + " in meta.json)");
   c.n_layer = h.get_or<std::int64_t>("n_layer", 6);
   c.n_head = h.get_or<std::int64_t>("n_head", 6);
   c.n_embd = h.get_or<std::int64_t>("n_embd", 384);
