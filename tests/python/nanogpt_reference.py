@@ -5,6 +5,10 @@ written again here), the reference the GPT example is compared with.
       torch.manual_seed(SEED), GPT(config): its state_dict saved to OUT/init.pt
   nanogpt_reference.py train OUT SEED CONFIG_JSON DATA_DIR WINDOW_SEED ITERS
       the same model, then ITERS iterations of train.py's loop on DATA_DIR/train.bin: OUT/losses.json
+  nanogpt_reference.py bench OUT SEED CONFIG_JSON DATA_DIR WINDOW_SEED ITERS [compile]
+      the same loop timed (bench/gpt.sh): one JSON line of tokens per second over the iterations
+      after the first 10% (and, with `compile`, the model under torch.compile, its compilation in
+      those first ones)
 
 CONFIG_JSON: the model's and the recipe's settings (block_size, vocab_size, n_layer, n_head,
 n_embd, dropout, bias, batch_size, learning_rate, min_lr, warmup_iters, lr_decay_iters,
@@ -157,15 +161,20 @@ def get_lr(it, c):
     return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c["learning_rate"] - c["min_lr"])
 
 
-def train(out, seed, c, data_dir, window_seed, iters):
+def train(out, seed, c, data_dir, window_seed, iters, bench=False, compiled=False):
+    import time
     torch.manual_seed(seed)
     model = GPT(c)
+    step_model = torch.compile(model) if compiled else model
     optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]))
     data = np.memmap(os.path.join(data_dir, "train.bin"), dtype=np.uint16, mode="r")
     T, B = c["block_size"], c["batch_size"]
     windows = (len(data) - 1) // T  # an epoch's windows (TokenWindows' default for random windows)
     losses = []
+    warmup = max(1, iters // 10)
     for it in range(iters):
+        if it == warmup:
+            start = time.perf_counter()
         lr = c["learning_rate"] * (get_lr(it, c) / c["learning_rate"])
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -173,25 +182,35 @@ def train(out, seed, c, data_dir, window_seed, iters):
         offsets = [window_offset(r % windows, r // windows, window_seed, len(data), T) for r in records]
         x = torch.stack([torch.from_numpy(data[o:o + T].astype(np.int64)) for o in offsets])
         y = torch.stack([torch.from_numpy(data[o + 1:o + 1 + T].astype(np.int64)) for o in offsets])
-        _, loss = model(x, y)
+        _, loss = step_model(x, y)
         loss.backward()
         if c["grad_clip"] != 0.0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), c["grad_clip"])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+    if bench:
+        seconds = time.perf_counter() - start
+        print(json.dumps({"tokens_per_second": (iters - warmup) * B * T / seconds, "iterations": iters - warmup, "seconds": seconds,
+                          "compiled": compiled, "threads": torch.get_num_threads(), "torch": torch.__version__,
+                          "last_loss": losses[-1]}))
+        return
     with open(os.path.join(out, "losses.json"), "w") as f:
         json.dump({"losses": losses, "torch": torch.__version__}, f)
     print(f"ok: {iters} iterations of nanoGPT's loop, loss {losses[0]:.4f} to {losses[-1]:.4f}")
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(int(os.environ.get("NANOGPT_THREADS", "1")))
     mode, out, seed, config = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
     os.makedirs(out, exist_ok=True)
+    if mode != "bench":
+        torch.set_num_threads(1)  # one thread: the same sums as the example's one-thread test
     if mode == "init":
         torch.manual_seed(seed)
         torch.save(GPT(config).state_dict(), os.path.join(out, "init.pt"))
         print("ok: nanoGPT's GPT after torch.manual_seed")
+    elif mode == "bench":
+        torch.set_num_threads(int(os.environ.get("NANOGPT_THREADS", torch.get_num_threads())))
+        train(out, seed, config, sys.argv[5], int(sys.argv[6]), int(sys.argv[7]), bench=True, compiled=len(sys.argv) > 8 and sys.argv[8] == "compile")
     else:
         train(out, seed, config, sys.argv[5], int(sys.argv[6]), int(sys.argv[7]))
