@@ -117,7 +117,7 @@ TEST_CASE("TokenFile: a missing, empty, odd-sized or out-of-vocabulary file, and
                        doctest::Contains("windows_per_epoch is for WindowOrder::random"), DataError);
 }
 
-TEST_CASE("TokenWindows: consecutive windows cover the file once an epoch; the target is the input one token on") {
+TEST_CASE("TokenWindows: consecutive windows cover the file once an epoch, the target the input one token on") {
   const TokenFile file(numpy_token_file("windows.bin", 1'001, 65, "uint16"));
   const TokenWindows windows(file, {.block_size = 64});
   CHECK(windows.size() == 15);  // (1001 - 1) / 64: the last 40 tokens make no whole window
