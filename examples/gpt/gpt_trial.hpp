@@ -224,7 +224,11 @@ class GptTrial {
         decay, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(lr).betas(betas).weight_decay(weight_decay)));
     groups.emplace_back(no_decay,
                         std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(lr).betas(betas).weight_decay(0.0)));
-    adamw_ = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(lr).betas(betas));
+    // nanoGPT's `fused=True` where PyTorch has it (CUDA there; LibTorch 2.4's fused kernels run on
+    // the CPU too): dettrial's FusedAdamW, else LibTorch's AdamW (nanoGPT's arithmetic on a CPU).
+    if (h.get_or<bool>("fused", true))
+      adamw_ = std::make_unique<dettrial::optim::FusedAdamW>(std::move(groups), torch::optim::AdamWOptions(lr).betas(betas));
+    else adamw_ = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(lr).betas(betas));
     context_.wrap_optimizer(*adamw_);
     if (kind == "muon") {
       muon_ = std::make_unique<dettrial::optim::Muon>(matrices, dettrial::optim::MuonOptions(h.get_or<double>("muon_lr", 0.02))

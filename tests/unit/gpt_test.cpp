@@ -89,9 +89,10 @@ std::string yaml_of(const nlohmann::json& c, const fs::path& data, std::int64_t 
   return more + "hyperparameters: {" + more_hyperparameters + "global_batch_size: " + std::to_string(c["batch_size"].get<int>()) +
          ", block_size: " + std::to_string(c["block_size"].get<int>()) + ", n_layer: " + std::to_string(c["n_layer"].get<int>()) +
          ", n_head: " + std::to_string(c["n_head"].get<int>()) + ", n_embd: " + std::to_string(c["n_embd"].get<int>()) +
-         ", dropout: 0.0, bias: false, learning_rate: 1.0e-3, min_lr: 1.0e-4, warmup_iters: " + std::to_string(c["warmup_iters"].get<int>()) +
+         ", dropout: 0.0, bias: false, learning_rate: 1.0e-3, min_lr: 1.0e-4, warmup_iters: " +
+         std::to_string(c["warmup_iters"].get<int>()) +
          ", lr_decay_iters: 2000, weight_decay: 0.1, "
-         "beta1: 0.9, beta2: 0.99, grad_clip: " +
+         "beta1: 0.9, beta2: 0.99, fused: false, grad_clip: " +
          std::to_string(c["grad_clip"].get<double>()) +
          "}\n"
          "reproducibility: {experiment_seed: " +
@@ -216,14 +217,16 @@ TEST_CASE("GPT: a run stopped at iteration 777 and resumed continues with the st
   CHECK(std::vector<double>(straight_losses.begin(), straight_losses.begin() + 777) == first_losses);
 }
 
-TEST_CASE("GPT: Muon and AdamW, activation checkpointing and aggregation train together, checkpointing blocks changes no loss, and resume") {
+TEST_CASE(
+    "GPT: Muon and AdamW, activation checkpointing and aggregation train together, checkpointing blocks changes no loss, and resume") {
   std::string why;
   const auto data = corpus(why);
   if (!data) return test::skip(why);
   nlohmann::json c = small_config();
   c["warmup_iters"] = 5;
   const auto yaml = [&](bool checkpointed) {
-    return yaml_of(c, *data, 8, std::string("optimizer: muon, muon_lr: 0.02, activation_checkpointing: ") + (checkpointed ? "true" : "false") + ", ",
+    return yaml_of(c, *data, 8,
+                   std::string("optimizer: muon, muon_lr: 0.02, activation_checkpointing: ") + (checkpointed ? "true" : "false") + ", ",
                    "optimizations: {aggregation_frequency: 2}\n");
   };
   const auto [plain, plain_losses] = train(yaml(false), 60, scratch("muon-plain"));
@@ -246,8 +249,9 @@ TEST_CASE("GPT: a vocabulary smaller than the corpus's, and a corpus folder with
   const auto data = corpus(why);
   if (!data) return test::skip(why);
   CHECK_THROWS_WITH_AS(train(yaml_of(small_config(), *data, 8, "vocab_size: 50, "), 1, scratch("small-vocab")),
-                       doctest::Contains("vocab_size 50 is smaller than the corpus's vocabulary (84 in meta.json)"), dettrial::HyperparameterError);
+                       doctest::Contains("vocab_size 50 is smaller than the corpus's vocabulary (84 in meta.json)"),
+                       dettrial::HyperparameterError);
   const fs::path empty = scratch("no-meta");
-  CHECK_THROWS_WITH_AS(train(yaml_of(small_config(), empty, 8), 1, scratch("no-meta-run")), doctest::Contains("meta.json: give data.dir a folder"),
-                       dettrial::DataError);
+  CHECK_THROWS_WITH_AS(train(yaml_of(small_config(), empty, 8), 1, scratch("no-meta-run")),
+                       doctest::Contains("meta.json: give data.dir a folder"), dettrial::DataError);
 }
