@@ -34,7 +34,8 @@ template <class... C>
 class CallbackSet {
  public:
   static constexpr std::size_t size = sizeof...(C);
-  explicit CallbackSet(std::tuple<C&...> callbacks) : callbacks_(callbacks) { (check_callback<C>(), ...); }
+  // One callback's check alone would be a statement without effect (-Wunused-value): folded with &&.
+  explicit CallbackSet(std::tuple<C&...> callbacks) : callbacks_(callbacks) { static_cast<void>((check_callback<C>() && ...)); }
 
   /// Calls `Hook` on every callback that has it, in order, with the table's argument types.
   template <class Hook, class... A>
