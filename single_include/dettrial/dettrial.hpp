@@ -21104,6 +21104,9 @@ DETTRIAL_INLINE Json optional_json(const std::optional<std::int64_t>& v) { retur
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <iosfwd>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -21125,6 +21128,17 @@ class JsonlFile {
    * crash) is left out and `*torn` set; any other is an Error naming the file and the line number.
    */
   std::vector<Json> read(bool* torn = nullptr) const;
+
+  /// The same rule for lines from `in` (a file already open, or bytes held in memory), its errors
+  /// naming it `name`.
+  static std::vector<Json> read(std::istream& in, const std::string& name, bool* torn = nullptr);
+
+  /**
+   * @brief Rewrites the file (a new one renamed over it, so a crash leaves the old or the new)
+   * with only the records `keep` accepts, in order; a torn last line goes too. Returns how many
+   * lines it dropped; the file is left untouched when none. Read as `read` reads.
+   */
+  std::size_t keep_only(const std::function<bool(const Json&)>& keep) const;
 
   /// Cuts a torn last line off, so that the next append starts a line of its own instead of being
   /// lost with it; true when it cut one. A missing file is left alone.
@@ -21170,9 +21184,13 @@ DETTRIAL_INLINE void JsonlFile::append(const Json& record) const {
 }
 
 DETTRIAL_INLINE std::vector<Json> JsonlFile::read(bool* torn) const {
-  if (torn) *torn = false;
   std::ifstream in(path_, std::ios::binary);
   if (!in) throw Error("cannot read '" + path_.string() + "'");
+  return read(in, path_.string(), torn);
+}
+
+DETTRIAL_INLINE std::vector<Json> JsonlFile::read(std::istream& in, const std::string& name, bool* torn) {
+  if (torn) *torn = false;
   std::vector<Json> out;
   // A line that is not a record is fatal only once another line follows it: the last may be torn.
   std::string bad_reason;
@@ -21182,7 +21200,7 @@ DETTRIAL_INLINE std::vector<Json> JsonlFile::read(bool* torn) const {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     if (bad_line != 0)
-      throw Error("'" + path_.string() + "' line " + std::to_string(bad_line) + " is not a JSON record (" + bad_reason +
+      throw Error("'" + name + "' line " + std::to_string(bad_line) + " is not a JSON record (" + bad_reason +
                   "); the file is damaged: fix or delete that line");
     try {
       Json record = Json::parse(line);
@@ -21196,9 +21214,22 @@ DETTRIAL_INLINE std::vector<Json> JsonlFile::read(bool* torn) const {
     }
     bad_line = number;
   }
-  if (in.bad()) throw Error("cannot read '" + path_.string() + "'");
+  if (in.bad()) throw Error("cannot read '" + name + "'");
   if (bad_line != 0 && torn) *torn = true;
   return out;
+}
+
+DETTRIAL_INLINE std::size_t JsonlFile::keep_only(const std::function<bool(const Json&)>& keep) const {
+  bool torn = false;
+  const std::vector<Json> records = read(&torn);
+  std::string kept;
+  std::size_t dropped = torn ? 1 : 0;
+  for (const Json& record : records) {
+    if (keep(record)) kept += json_line(record);
+    else ++dropped;
+  }
+  if (dropped != 0) write_atomically(path_, kept);
+  return dropped;
 }
 
 DETTRIAL_INLINE bool JsonlFile::cut_torn_line() const {
@@ -22184,9 +22215,6 @@ class MetricsLog {
 
   /// The `"batches"` of a metrics.jsonl record, or nullopt for one without an integer `"batches"`.
   static std::optional<std::int64_t> batches_of_record(const detail::Json& record);
-  /// The `"batches"` of one metrics.jsonl line, or nullopt for a line that is not a complete record
-  /// (one torn by a crash does not parse).
-  static std::optional<std::int64_t> batches_of(std::string_view line);
 
   /// `{"type":"training"|"validation"|"checkpoint","batches":N,"epochs":E,<extra's fields>,"metrics":{...}}`,
   /// one compact line (`metrics` left out when empty and `extra` has fields of its own).
@@ -22195,7 +22223,9 @@ class MetricsLog {
   void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics);
 
  private:
-  /// Rewrites the file (a new file renamed over it) without the records past `batches`.
+  /// Rewrites the file (a new file renamed over it) without the records past `batches`, or without
+  /// a `"batches"` of their own; a damaged line before the last is an Error naming it (the file is
+  /// then left as it was).
   std::size_t drop_records_after(std::int64_t batches);
 
   std::filesystem::path path_;
@@ -22207,6 +22237,7 @@ class MetricsLog {
 
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
+
 namespace dettrial {
 
 DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at)
@@ -22218,7 +22249,11 @@ DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, const s
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());
-  if (resumed_at && std::filesystem::exists(path_, ec)) dropped_ = drop_records_after(*resumed_at);
+  if (std::filesystem::exists(path_, ec)) {
+    // Appending to a torn last line would lose the first new record with it.
+    if (resumed_at) dropped_ = drop_records_after(*resumed_at);
+    else detail::JsonlFile(path_).cut_torn_line();
+  }
   out_.open(path_, std::ios::app);
   if (!out_) throw Error("cannot write '" + path_.string() + "'");
 }
@@ -22227,12 +22262,6 @@ DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of_record(const 
   const detail::Json* batches = detail::json_find(record, "batches");
   if (!batches || !batches->is_number_integer()) return std::nullopt;
   return batches->get<std::int64_t>();
-}
-
-DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of(std::string_view line) {
-  const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (record.is_discarded()) return std::nullopt;
-  return batches_of_record(record);
 }
 
 DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics) {
@@ -22254,27 +22283,10 @@ DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batch
 }
 
 DETTRIAL_INLINE std::size_t MetricsLog::drop_records_after(std::int64_t batches) {
-  std::ifstream in(path_, std::ios::binary);
-  std::string kept, line;
-  std::size_t dropped = 0;
-  while (std::getline(in, line)) {
-    const bool complete = !in.eof();  // the last line without its newline is torn
-    const auto at = batches_of(line);
-    if (complete && at && *at <= batches) kept += line + "\n";
-    else ++dropped;
-  }
-  if (dropped == 0) return 0;
-  const std::filesystem::path temporary = path_.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << kept;
-    out.flush();
-    if (!out) throw Error("cannot write '" + temporary.string() + "'");
-  }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path_, ec);
-  if (ec) throw Error("cannot replace '" + path_.string() + "': " + ec.message());
-  return dropped;
+  return detail::JsonlFile(path_).keep_only([batches](const detail::Json& record) {
+    const auto at = batches_of_record(record);
+    return at && *at <= batches;
+  });
 }
 
 }  // namespace dettrial
@@ -22738,6 +22750,7 @@ DETTRIAL_INLINE void Progress::line(const std::string& text) {
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <optional>
@@ -23094,6 +23107,12 @@ DETTRIAL_INLINE HttpAuth mlflow_auth();
 /// refused for what it says.
 DETTRIAL_INLINE bool retryable(const std::exception& e);
 
+/// The requests kept in mlflow-pending.jsonl (read from `in`, named `name` in errors, or from the file at `path`, none when
+/// there is none), in order: a torn last line was never acknowledged, and a record without its api is none dettrial wrote
+/// (both left out); a damaged line before the last is an Error naming it.
+DETTRIAL_INLINE std::vector<Json> read_mlflow_pending(std::istream& in, const std::string& name);
+DETTRIAL_INLINE std::vector<Json> read_mlflow_pending(const std::filesystem::path& path);
+
 /// Sends the pending requests of run folder `dir` (`--sync-mlflow`), creating its run first if the
 /// server could not when it trained; keeps in the file those that still fail. Returns how many were
 /// sent; throws what stopped it (the rest stays pending).
@@ -23271,20 +23290,6 @@ inline std::string answer_text(const Json& answer, std::initializer_list<const c
                       0);
   return at->get<std::string>();
 }
-/// The requests kept in mlflow-pending.jsonl (`in`, or the file at `path`), in order: a torn last line was never
-/// acknowledged, and a line without its api is none dettrial wrote (both left out).
-inline std::vector<Json> read_pending(std::istream& in) {
-  std::vector<Json> pending;
-  for (std::string line; std::getline(in, line);) {
-    Json entry = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (entry.is_object() && !text_of(entry, "api").empty()) pending.push_back(std::move(entry));
-  }
-  return pending;
-}
-inline std::vector<Json> read_pending(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  return read_pending(in);
-}
 /// The run's id and artifact URI in `answer`, the reply to runs/create of the server at `uri`.
 inline void read_created_run(const Json& answer, const std::string& uri, MlflowState& state) {
   state.run_id = answer_text(answer, {"run", "info", "run_id"}, uri, "runs/create");
@@ -23438,12 +23443,25 @@ DETTRIAL_INLINE void MlflowClient::upload_artifact(const std::string& artifact_u
                       answer.status);
 }
 
+DETTRIAL_INLINE std::vector<Json> read_mlflow_pending(std::istream& in, const std::string& name) {
+  std::vector<Json> pending;
+  for (Json& entry : JsonlFile::read(in, name))
+    if (!mlflow::text_of(entry, "api").empty()) pending.push_back(std::move(entry));
+  return pending;
+}
+
+DETTRIAL_INLINE std::vector<Json> read_mlflow_pending(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  return read_mlflow_pending(in, path.string());
+}
+
 DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir) {
   MlflowState state = MlflowState::read(dir);
   if (state.tracking_uri.empty())
     throw Error("'" + (dir / layout::mlflow_state).string() + "' is missing: the run in '" + dir.string() + "' was not tracked in MLflow");
   const std::filesystem::path pending_path = dir / layout::mlflow_pending;
-  std::vector<Json> pending = detail::mlflow::read_pending(pending_path);
+  std::vector<Json> pending = read_mlflow_pending(pending_path);
   if (pending.empty() && !state.run_id.empty()) return 0;
   MlflowClient client(state.tracking_uri);
   if (state.run_id.empty()) {
@@ -23544,6 +23562,8 @@ DETTRIAL_INLINE MlflowRun::Sender::Sender(MlflowSettings settings, std::filesyst
     state_.tags = std::move(tags);
   }
   std::filesystem::create_directories(dir_);
+  // A run killed while keeping a request tore its line: the next one kept must not join it.
+  JsonlFile(dir_ / layout::mlflow_pending).cut_torn_line();
   save_state();
   worker_ = std::thread([this] { work(); });
   if (continued) {
@@ -23675,11 +23695,11 @@ DETTRIAL_INLINE bool MlflowRun::Sender::deliver(Request& r) {
 }
 
 DETTRIAL_INLINE void MlflowRun::Sender::keep_pending(const Request& r) {
-  std::ofstream out(dir_ / layout::mlflow_pending, std::ios::app);
-  out << json_line(Json{{"api", r.api}, {"body", r.body}});
-  out.flush();
-  if (!out)
-    std::fprintf(stderr, "dettrial: warning: cannot write %s: an MLflow request is lost\n", (dir_ / layout::mlflow_pending).c_str());
+  try {
+    JsonlFile(dir_ / layout::mlflow_pending).append(Json{{"api", r.api}, {"body", r.body}});
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dettrial: warning: %s: an MLflow request is lost\n", e.what());
+  }
 }
 
 DETTRIAL_INLINE void MlflowRun::Sender::save_state() {
@@ -24606,10 +24626,10 @@ class CsvLog {
 namespace dettrial {
 
 DETTRIAL_INLINE CsvLog::CsvLog(const std::filesystem::path& dir) : path_(RunFolder{dir}.metrics_csv()) {
-  std::ifstream in(RunFolder{dir}.metrics_log());
-  for (std::string text; std::getline(in, text);) {
-    const detail::Json record = detail::Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (!record.is_object()) continue;
+  const std::filesystem::path log = RunFolder{dir}.metrics_log();
+  std::error_code ec;
+  const std::vector<detail::Json> records = std::filesystem::exists(log, ec) ? detail::JsonlFile(log).read() : std::vector<detail::Json>{};
+  for (const detail::Json& record : records) {
     const std::string type = record.value("type", std::string());
     if (type != "training" && type != "validation") continue;
     Row row{type, record.value("batches", std::int64_t{0}), record.value("epochs", std::int64_t{0}), {}};

@@ -23,6 +23,7 @@
 // CHECK macro must not be the one the test cases use.
 #include <dettrial/dettrial.hpp>
 #include <dettrial/cli/detail/launcher.hpp>  // free_local_port
+#include <dettrial/report/csv_log.hpp>
 
 #include <doctest/doctest.h>
 
@@ -972,6 +973,71 @@ TEST_CASE("metrics.csv holds each training and validation report as a row, a new
     return all;
   }());
   std::filesystem::remove_all(r.output_dir);
+}
+
+TEST_CASE(
+    "metrics.jsonl resumed at batch N drops the records after N and a torn last line, and a damaged line stops the resume naming it") {
+  const auto dir = fresh_dir("metrics-resume");
+  const auto path = dir / "metrics.jsonl";
+  const auto loss = [](double value) {
+    MetricValues values;
+    values.set("loss", value);
+    return values;
+  };
+  {
+    MetricsLog log(dir);
+    for (std::int64_t batches = 10; batches <= 40; batches += 10) log.write("training", batches, 0, loss(0.1 * batches));
+  }
+  // The stopped run was killed while writing its record at 50.
+  std::ofstream(path, std::ios::app | std::ios::binary) << R"({"type":"training","batches":50,"ep)";
+  {
+    MetricsLog resumed(dir, std::int64_t{20});
+    CHECK(resumed.dropped() == 3);  // 30, 40 and the torn one
+    resumed.write("training", 30, 0, loss(3.5));
+  }
+  const auto batches_in = [&](bool* torn = nullptr) {
+    std::vector<std::int64_t> batches;
+    for (const auto& record : dettrial::detail::JsonlFile(path).read(torn)) batches.push_back(record.at("batches").get<std::int64_t>());
+    return batches;
+  };
+  CHECK(batches_in() == std::vector<std::int64_t>{10, 20, 30});
+  CHECK(dettrial::detail::JsonlFile(path).read().back()["metrics"]["loss"] == 3.5);
+  // Opened again without a resume: a torn last line is cut, so the next record is a line of its own.
+  std::ofstream(path, std::ios::app | std::ios::binary) << R"({"type":"valid)";
+  {
+    MetricsLog again(dir);
+    CHECK(again.dropped() == 0);
+    again.write("validation", 30, 0, loss(1.0));
+  }
+  bool torn = true;
+  CHECK(batches_in(&torn) == std::vector<std::int64_t>{10, 20, 30, 30});
+  CHECK_FALSE(torn);
+  // A damaged line before the last is not dropped as if torn: the resume stops naming it, and the file is as it was.
+  std::string text = test::read_text(path);
+  text.insert(text.find('\n') + 1, "{\"type\":\"training\",\"batches\":1\n");
+  std::ofstream(path, std::ios::trunc | std::ios::binary) << text;
+  CHECK_THROWS_WITH_AS(MetricsLog(dir, std::int64_t{20}),
+                       doctest::Contains(("'" + path.string() + "' line 2 is not a JSON record").c_str()), Error);
+  CHECK(test::read_text(path) == text);
+  // metrics.csv reads metrics.jsonl by the same rule.
+  CHECK_THROWS_WITH_AS(CsvLog{dir}, doctest::Contains("line 2 is not a JSON record"), Error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "mlflow-pending.jsonl reads as JSON lines: a torn last line and a record without its api are left out, a damaged line is an error") {
+  std::istringstream kept(R"({"api":"runs/log-batch","body":{"metrics":[]}})"
+                          "\n"
+                          R"({"body":{}})"
+                          "\n"
+                          R"({"api":"runs/upd)");
+  const auto pending = dettrial::detail::read_mlflow_pending(kept, "pending.jsonl");
+  REQUIRE(pending.size() == 1);
+  CHECK(pending[0]["api"] == "runs/log-batch");
+  std::istringstream damaged("{\"api\":\"runs/log-batch\"}\nnot json\n{\"api\":\"runs/update\"}\n");
+  CHECK_THROWS_WITH_AS(dettrial::detail::read_mlflow_pending(damaged, "pending.jsonl"),
+                       doctest::Contains("'pending.jsonl' line 2 is not a JSON record"), Error);
+  CHECK(dettrial::detail::read_mlflow_pending(fresh_dir("no-pending") / "mlflow-pending.jsonl").empty());
 }
 
 TEST_CASE("a run whose MLflow server does not answer trains on, keeps every request in its folder, and --sync-mlflow says what failed") {

@@ -2,10 +2,12 @@
 // against Determined's rules and worked examples, and the errors of a bad space.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 
@@ -282,9 +284,26 @@ TEST_CASE("a JSON-lines file: a torn last line is left out and cut before the ne
   CHECK_FALSE(torn);
   REQUIRE(records.size() == 3);
   CHECK(records[2]["a"] == 3);
+  // Rewritten with the records kept: a torn last line goes with the dropped ones, and a file with
+  // nothing to drop is left as it is (its inode too).
+  std::ofstream(path, std::ios::binary | std::ios::app) << "{\"a\":";
+  const auto inode = [&] {
+    struct stat st{};
+    ::stat(path.c_str(), &st);
+    return st.st_ino;
+  };
+  CHECK(file.keep_only([](const dettrial::detail::Json& r) { return r["a"] != 2; }) == 2);
+  CHECK(dettrial::detail::JsonlFile(path).read().size() == 2);
+  {
+    std::ifstream in(path, std::ios::binary);
+    CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == "{\"a\":1}\n{\"a\":3}\n");
+  }
+  const auto kept_inode = inode();
+  CHECK(file.keep_only([](const dettrial::detail::Json&) { return true; }) == 0);
+  CHECK(inode() == kept_inode);
   // Damage before the last line is an error naming the file and the line, and so is a line that is not an object.
-  std::ofstream(path, std::ios::binary | std::ios::app) << "[1, 2]\n{\"a\":4}\n";
-  CHECK_THROWS_WITH_AS(file.read(), doctest::Contains(("'" + path.string() + "' line 5 is not a JSON record (it is an array").c_str()),
+  std::ofstream(path, std::ios::binary | std::ios::app) << "\n[1, 2]\n{\"a\":4}\n";
+  CHECK_THROWS_WITH_AS(file.read(), doctest::Contains(("'" + path.string() + "' line 4 is not a JSON record (it is an array").c_str()),
                        Error);
 
   // The tail: complete lines only (one being written waits), in order, each once.

@@ -9,6 +9,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <iosfwd>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,6 +35,17 @@ class JsonlFile {
    * crash) is left out and `*torn` set; any other is an Error naming the file and the line number.
    */
   std::vector<Json> read(bool* torn = nullptr) const;
+
+  /// The same rule for lines from `in` (a file already open, or bytes held in memory), its errors
+  /// naming it `name`.
+  static std::vector<Json> read(std::istream& in, const std::string& name, bool* torn = nullptr);
+
+  /**
+   * @brief Rewrites the file (a new one renamed over it, so a crash leaves the old or the new)
+   * with only the records `keep` accepts, in order; a torn last line goes too. Returns how many
+   * lines it dropped; the file is left untouched when none. Read as `read` reads.
+   */
+  std::size_t keep_only(const std::function<bool(const Json&)>& keep) const;
 
   /// Cuts a torn last line off, so that the next append starts a line of its own instead of being
   /// lost with it; true when it cut one. A missing file is left alone.
@@ -67,6 +81,7 @@ class JsonlTail {
 #include <string>
 
 #include "../error.hpp"
+#include "atomic_file.hpp"
 #include "json.hpp"
 
 namespace dettrial::detail {
@@ -79,9 +94,13 @@ DETTRIAL_INLINE void JsonlFile::append(const Json& record) const {
 }
 
 DETTRIAL_INLINE std::vector<Json> JsonlFile::read(bool* torn) const {
-  if (torn) *torn = false;
   std::ifstream in(path_, std::ios::binary);
   if (!in) throw Error("cannot read '" + path_.string() + "'");
+  return read(in, path_.string(), torn);
+}
+
+DETTRIAL_INLINE std::vector<Json> JsonlFile::read(std::istream& in, const std::string& name, bool* torn) {
+  if (torn) *torn = false;
   std::vector<Json> out;
   // A line that is not a record is fatal only once another line follows it: the last may be torn.
   std::string bad_reason;
@@ -91,7 +110,7 @@ DETTRIAL_INLINE std::vector<Json> JsonlFile::read(bool* torn) const {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     if (bad_line != 0)
-      throw Error("'" + path_.string() + "' line " + std::to_string(bad_line) + " is not a JSON record (" + bad_reason +
+      throw Error("'" + name + "' line " + std::to_string(bad_line) + " is not a JSON record (" + bad_reason +
                   "); the file is damaged: fix or delete that line");
     try {
       Json record = Json::parse(line);
@@ -105,9 +124,22 @@ DETTRIAL_INLINE std::vector<Json> JsonlFile::read(bool* torn) const {
     }
     bad_line = number;
   }
-  if (in.bad()) throw Error("cannot read '" + path_.string() + "'");
+  if (in.bad()) throw Error("cannot read '" + name + "'");
   if (bad_line != 0 && torn) *torn = true;
   return out;
+}
+
+DETTRIAL_INLINE std::size_t JsonlFile::keep_only(const std::function<bool(const Json&)>& keep) const {
+  bool torn = false;
+  const std::vector<Json> records = read(&torn);
+  std::string kept;
+  std::size_t dropped = torn ? 1 : 0;
+  for (const Json& record : records) {
+    if (keep(record)) kept += json_line(record);
+    else ++dropped;
+  }
+  if (dropped != 0) write_atomically(path_, kept);
+  return dropped;
 }
 
 DETTRIAL_INLINE bool JsonlFile::cut_torn_line() const {

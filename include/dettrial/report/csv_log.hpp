@@ -61,14 +61,15 @@ class CsvLog {
 #include "../layout.hpp"
 #include "../detail/atomic_file.hpp"
 #include "../detail/json.hpp"
+#include "../detail/jsonl.hpp"
 
 namespace dettrial {
 
 DETTRIAL_INLINE CsvLog::CsvLog(const std::filesystem::path& dir) : path_(RunFolder{dir}.metrics_csv()) {
-  std::ifstream in(RunFolder{dir}.metrics_log());
-  for (std::string text; std::getline(in, text);) {
-    const detail::Json record = detail::Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (!record.is_object()) continue;
+  const std::filesystem::path log = RunFolder{dir}.metrics_log();
+  std::error_code ec;
+  const std::vector<detail::Json> records = std::filesystem::exists(log, ec) ? detail::JsonlFile(log).read() : std::vector<detail::Json>{};
+  for (const detail::Json& record : records) {
     const std::string type = record.value("type", std::string());
     if (type != "training" && type != "validation") continue;
     Row row{type, record.value("batches", std::int64_t{0}), record.value("epochs", std::int64_t{0}), {}};

@@ -38,9 +38,6 @@ class MetricsLog {
 
   /// The `"batches"` of a metrics.jsonl record, or nullopt for one without an integer `"batches"`.
   static std::optional<std::int64_t> batches_of_record(const detail::Json& record);
-  /// The `"batches"` of one metrics.jsonl line, or nullopt for a line that is not a complete record
-  /// (one torn by a crash does not parse).
-  static std::optional<std::int64_t> batches_of(std::string_view line);
 
   /// `{"type":"training"|"validation"|"checkpoint","batches":N,"epochs":E,<extra's fields>,"metrics":{...}}`,
   /// one compact line (`metrics` left out when empty and `extra` has fields of its own).
@@ -49,7 +46,9 @@ class MetricsLog {
   void write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics);
 
  private:
-  /// Rewrites the file (a new file renamed over it) without the records past `batches`.
+  /// Rewrites the file (a new file renamed over it) without the records past `batches`, or without
+  /// a `"batches"` of their own; a damaged line before the last is an Error naming it (the file is
+  /// then left as it was).
   std::size_t drop_records_after(std::int64_t batches);
 
   std::filesystem::path path_;
@@ -62,6 +61,8 @@ class MetricsLog {
 // Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
 #if DETTRIAL_HEADER_DEFINITIONS
 #include "../detail/json.hpp"
+#include "../detail/jsonl.hpp"
+
 namespace dettrial {
 
 DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, std::optional<std::int64_t> resumed_at)
@@ -73,7 +74,11 @@ DETTRIAL_INLINE MetricsLog::MetricsLog(const std::filesystem::path& dir, const s
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create output directory '" + dir.string() + "': " + ec.message());
-  if (resumed_at && std::filesystem::exists(path_, ec)) dropped_ = drop_records_after(*resumed_at);
+  if (std::filesystem::exists(path_, ec)) {
+    // Appending to a torn last line would lose the first new record with it.
+    if (resumed_at) dropped_ = drop_records_after(*resumed_at);
+    else detail::JsonlFile(path_).cut_torn_line();
+  }
   out_.open(path_, std::ios::app);
   if (!out_) throw Error("cannot write '" + path_.string() + "'");
 }
@@ -82,12 +87,6 @@ DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of_record(const 
   const detail::Json* batches = detail::json_find(record, "batches");
   if (!batches || !batches->is_number_integer()) return std::nullopt;
   return batches->get<std::int64_t>();
-}
-
-DETTRIAL_INLINE std::optional<std::int64_t> MetricsLog::batches_of(std::string_view line) {
-  const detail::Json record = detail::Json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (record.is_discarded()) return std::nullopt;
-  return batches_of_record(record);
 }
 
 DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batches, std::int64_t epochs, const MetricValues& metrics) {
@@ -109,27 +108,10 @@ DETTRIAL_INLINE void MetricsLog::write(std::string_view type, std::int64_t batch
 }
 
 DETTRIAL_INLINE std::size_t MetricsLog::drop_records_after(std::int64_t batches) {
-  std::ifstream in(path_, std::ios::binary);
-  std::string kept, line;
-  std::size_t dropped = 0;
-  while (std::getline(in, line)) {
-    const bool complete = !in.eof();  // the last line without its newline is torn
-    const auto at = batches_of(line);
-    if (complete && at && *at <= batches) kept += line + "\n";
-    else ++dropped;
-  }
-  if (dropped == 0) return 0;
-  const std::filesystem::path temporary = path_.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << kept;
-    out.flush();
-    if (!out) throw Error("cannot write '" + temporary.string() + "'");
-  }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path_, ec);
-  if (ec) throw Error("cannot replace '" + path_.string() + "': " + ec.message());
-  return dropped;
+  return detail::JsonlFile(path_).keep_only([batches](const detail::Json& record) {
+    const auto at = batches_of_record(record);
+    return at && *at <= batches;
+  });
 }
 
 }  // namespace dettrial

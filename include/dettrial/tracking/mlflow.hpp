@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <optional>
@@ -75,6 +76,12 @@ DETTRIAL_INLINE HttpAuth mlflow_auth();
 /// Whether a failed request may succeed when sent again (no answer, 429 or 5xx), rather than being
 /// refused for what it says.
 DETTRIAL_INLINE bool retryable(const std::exception& e);
+
+/// The requests kept in mlflow-pending.jsonl (read from `in`, named `name` in errors, or from the file at `path`, none when
+/// there is none), in order: a torn last line was never acknowledged, and a record without its api is none dettrial wrote
+/// (both left out); a damaged line before the last is an Error naming it.
+DETTRIAL_INLINE std::vector<Json> read_mlflow_pending(std::istream& in, const std::string& name);
+DETTRIAL_INLINE std::vector<Json> read_mlflow_pending(const std::filesystem::path& path);
 
 /// Sends the pending requests of run folder `dir` (`--sync-mlflow`), creating its run first if the
 /// server could not when it trained; keeps in the file those that still fail. Returns how many were
@@ -193,6 +200,7 @@ class MlflowRun {
 
 #include "../detail/atomic_file.hpp"
 #include "../detail/json.hpp"
+#include "../detail/jsonl.hpp"
 
 namespace dettrial::detail::mlflow {
 inline std::int64_t now_ms() {
@@ -254,20 +262,6 @@ inline std::string answer_text(const Json& answer, std::initializer_list<const c
                           excerpt(answer.dump(-1, ' ', false, Json::error_handler_t::replace)),
                       0);
   return at->get<std::string>();
-}
-/// The requests kept in mlflow-pending.jsonl (`in`, or the file at `path`), in order: a torn last line was never
-/// acknowledged, and a line without its api is none dettrial wrote (both left out).
-inline std::vector<Json> read_pending(std::istream& in) {
-  std::vector<Json> pending;
-  for (std::string line; std::getline(in, line);) {
-    Json entry = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (entry.is_object() && !text_of(entry, "api").empty()) pending.push_back(std::move(entry));
-  }
-  return pending;
-}
-inline std::vector<Json> read_pending(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  return read_pending(in);
 }
 /// The run's id and artifact URI in `answer`, the reply to runs/create of the server at `uri`.
 inline void read_created_run(const Json& answer, const std::string& uri, MlflowState& state) {
@@ -422,12 +416,25 @@ DETTRIAL_INLINE void MlflowClient::upload_artifact(const std::string& artifact_u
                       answer.status);
 }
 
+DETTRIAL_INLINE std::vector<Json> read_mlflow_pending(std::istream& in, const std::string& name) {
+  std::vector<Json> pending;
+  for (Json& entry : JsonlFile::read(in, name))
+    if (!mlflow::text_of(entry, "api").empty()) pending.push_back(std::move(entry));
+  return pending;
+}
+
+DETTRIAL_INLINE std::vector<Json> read_mlflow_pending(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  return read_mlflow_pending(in, path.string());
+}
+
 DETTRIAL_INLINE std::size_t sync_mlflow_run(const std::filesystem::path& dir) {
   MlflowState state = MlflowState::read(dir);
   if (state.tracking_uri.empty())
     throw Error("'" + (dir / layout::mlflow_state).string() + "' is missing: the run in '" + dir.string() + "' was not tracked in MLflow");
   const std::filesystem::path pending_path = dir / layout::mlflow_pending;
-  std::vector<Json> pending = detail::mlflow::read_pending(pending_path);
+  std::vector<Json> pending = read_mlflow_pending(pending_path);
   if (pending.empty() && !state.run_id.empty()) return 0;
   MlflowClient client(state.tracking_uri);
   if (state.run_id.empty()) {
@@ -528,6 +535,8 @@ DETTRIAL_INLINE MlflowRun::Sender::Sender(MlflowSettings settings, std::filesyst
     state_.tags = std::move(tags);
   }
   std::filesystem::create_directories(dir_);
+  // A run killed while keeping a request tore its line: the next one kept must not join it.
+  JsonlFile(dir_ / layout::mlflow_pending).cut_torn_line();
   save_state();
   worker_ = std::thread([this] { work(); });
   if (continued) {
@@ -659,11 +668,11 @@ DETTRIAL_INLINE bool MlflowRun::Sender::deliver(Request& r) {
 }
 
 DETTRIAL_INLINE void MlflowRun::Sender::keep_pending(const Request& r) {
-  std::ofstream out(dir_ / layout::mlflow_pending, std::ios::app);
-  out << json_line(Json{{"api", r.api}, {"body", r.body}});
-  out.flush();
-  if (!out)
-    std::fprintf(stderr, "dettrial: warning: cannot write %s: an MLflow request is lost\n", (dir_ / layout::mlflow_pending).c_str());
+  try {
+    JsonlFile(dir_ / layout::mlflow_pending).append(Json{{"api", r.api}, {"body", r.body}});
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dettrial: warning: %s: an MLflow request is lost\n", e.what());
+  }
 }
 
 DETTRIAL_INLINE void MlflowRun::Sender::save_state() {
