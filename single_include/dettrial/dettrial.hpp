@@ -13227,32 +13227,6 @@ DETTRIAL_INLINE const AppliedProcess& ProcessSettings::apply() const {
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
 
-// ---- begin dettrial/step/detail/training_step.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief The training step: one mode (local, replicated, ordered or sharded) chosen from the
-/// options, the combinations that cannot train refused here and nowhere else, and the precision
-/// step it owns. The Context's step_optimizer and backward, and the trainer's batch boundaries, come
-/// through it.
-
-#include <cstdint>
-#include <span>
-#include <string_view>
-#include <variant>
-
-#include <torch/torch.h>
-
-// ---- begin dettrial/step/detail/local.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief The training step of one process: gradients accumulated over the aggregated batches,
-/// averaged, and the optimizers stepped (Determined's single-slot trial).
-
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string_view>
-
 // ---- begin dettrial/step/detail/step_mode.hpp
 // SPDX-License-Identifier: Apache-2.0
 /// @file
@@ -13500,6 +13474,834 @@ struct WholeParameterState {
 
 }  // namespace dettrial::detail
 // ---- end dettrial/step/detail/step_mode.hpp
+// ---- begin dettrial/context/options.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a Context is made with: ContextOptions, and DistributedInfo (where a process sits in
+/// a data-parallel job).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include <torch/torch.h>
+
+
+namespace dettrial {
+
+/// Where a process sits in a data-parallel job. One process: rank 0 of 1.
+struct DistributedInfo {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  bool is_chief() const { return rank == 0; }
+
+  // Determined's `context.distributed` getters. Nodes are numbered as launchers place ranks: a
+  // node's ranks are consecutive, `local_size` of them (torchrun, srun, mpirun by slot).
+  int get_rank() const { return rank; }
+  int get_size() const { return size; }
+  int get_local_rank() const { return local_rank; }
+  int get_local_size() const { return local_size; }
+  /// This process's node: `rank / local_size`.
+  int get_cross_rank() const { return rank / (local_size > 0 ? local_size : 1); }
+  /// The number of nodes: `size / local_size`, rounded up.
+  int get_cross_size() const {
+    const int per_node = local_size > 0 ? local_size : 1;
+    return (size + per_node - 1) / per_node;
+  }
+};
+
+/// Options that set up a Context (usually taken from the experiment config).
+struct ContextOptions {
+  /// The seed of every RNG; unset means: derived from `reproducibility.experiment_seed`, else from the clock.
+  std::optional<std::uint64_t> trial_seed{};
+  /// The device; unset means CUDA device 0 when LibTorch has CUDA and a GPU is present, else the CPU.
+  std::optional<torch::Device> device{};
+  /// Unset: the experiment config's (`optimizations.aggregation_frequency`), else 1.
+  std::optional<std::int64_t> aggregation_frequency{};
+  /// Unset: the experiment config's (`optimizations.average_aggregated_gradients`), else true.
+  std::optional<bool> average_aggregated_gradients{};
+  /// Unset: the experiment config's (`resources.slots_per_trial`), else 1. With a communicator, the
+  /// world size (a config asking for another number of slots is an error).
+  std::optional<std::int64_t> slots_per_trial{};
+  /// The process group of a data-parallel job (see Communicator::create); none for one process.
+  std::shared_ptr<Communicator> communicator;
+  /// Deterministic algorithms (see ExperimentConfig::deterministic); unset: the config's.
+  std::optional<bool> deterministic{};
+  /// Results that do not depend on the rank count (see ExperimentConfig::rank_invariant); unset: the config's.
+  std::optional<bool> rank_invariant{};
+  /// Threads for this process's intra-op and BLAS pools (`--threads`). Unset: OMP_NUM_THREADS when
+  /// set, else in a data-parallel job this rank's share of the node's cores, else the CPUs this
+  /// process may run on (see dettrial::choose_threads and dettrial::apply_threads).
+  std::optional<int> threads;
+  /// Autocast around forward passes (and for fp16 a gradient scaler); unset: the config's
+  /// `optimizations.mixed_precision`.
+  std::optional<Precision> mixed_precision{};
+  /// The trial's id in its experiment (Determined's `get_trial_id`). Unset: `DET_TRIAL_ID` from the
+  /// environment, which dettrial's search runner sets for each trial (as Determined's agents do),
+  /// else 0: a trial run on its own belongs to no experiment.
+  std::optional<std::int64_t> trial_id{};
+  /// The experiment's id (Determined's `get_experiment_id`). Unset: `DET_EXPERIMENT_ID`, else 0.
+  std::optional<std::int64_t> experiment_id{};
+};
+
+}  // namespace dettrial
+// ---- end dettrial/context/options.hpp
+// ---- begin dettrial/context/detail/registrations.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a trial registers with its Context (`wrap_model`, `wrap_optimizer`,
+/// `wrap_lr_scheduler`, `wrap_averaged_model`, `wrap_reducer`): kept in wrap order, checked as they
+/// come, and forgotten together when their trainer goes away.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/// A trial's registrations, in wrap order.
+class Registrations {
+ public:
+  /// True while a trainer's trial is registered here.
+  bool any() const { return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty(); }
+  /// Forgets every wrapped object (their trainer went away).
+  void clear();
+
+  void add_model(std::shared_ptr<torch::nn::Module> module) { models_.push_back(std::move(module)); }
+  const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
+
+  /// A TrialError when `optimizer` was wrapped before.
+  void add_optimizer(torch::optim::Optimizer& optimizer, bool average_aggregated_gradients);
+  std::span<WrappedOptimizer> optimizers() { return optimizers_; }
+  std::span<const WrappedOptimizer> optimizers() const { return optimizers_; }
+  /// The wrapped `optimizer`; a TrialError naming the misuse when it was not wrapped.
+  WrappedOptimizer& find(const torch::optim::Optimizer& optimizer);
+
+  /// Context::wrap_lr_scheduler: `scheduler` stepped in `Mode` every `frequency` units.
+  template <class S, class Mode>
+  void add_lr_scheduler(S& scheduler, const Mode& mode, std::int64_t frequency);
+  std::span<WrappedScheduler> lr_schedulers() { return schedulers_; }
+  std::span<const WrappedScheduler> lr_schedulers() const { return schedulers_; }
+  /// Steps the lr_step::on_validation schedulers with this validation's metrics; a ConfigError when
+  /// the metric one steps with is not among them.
+  void step_lr_schedulers_on_validation(const MetricValues& metrics);
+
+  /// Context::wrap_averaged_model (one per trial; the schedule checked).
+  void add_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source, AveragingSchedule schedule);
+  detail::ScheduledAverage* average() { return average_ ? &*average_ : nullptr; }
+  const detail::ScheduledAverage* average() const { return average_ ? &*average_ : nullptr; }
+
+  /// Context::wrap_reducer; `in_job`: the context has a communicator (a LocalReducer is refused).
+  template <class T, class R>
+  decltype(auto) add_reducer(R&& reducer, std::string name, bool for_training, bool for_validation, bool in_job);
+  ReducerSet& reducers() { return reducers_; }
+  const ReducerSet& reducers() const { return reducers_; }
+
+ private:
+  template <class Result>
+  static void check_reducer_name(const std::string& name);
+
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<WrappedOptimizer> optimizers_;
+  std::vector<WrappedScheduler> schedulers_;
+  std::optional<detail::ScheduledAverage> average_;
+  ReducerSet reducers_;
+};
+
+template <class S, class Mode>
+void Registrations::add_lr_scheduler(S& scheduler, const Mode& mode, std::int64_t frequency) {
+  constexpr bool by_metric = std::same_as<Mode, lr_step::on_validation>;
+  constexpr bool steppable = by_metric ? MetricLRSchedulerLike<S> : LRSchedulerLike<S>;
+  static_assert(by_metric || LRSchedulerLike<S>, "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
+  static_assert(!by_metric || MetricLRSchedulerLike<S>,
+                "dettrial::Context::wrap_lr_scheduler<S>: lr_step::on_validation steps S with the validation metric, so S "
+                "must have step(double) (like dettrial::optim::ReduceLROnPlateau)");
+  static_assert(LRStepMode<Mode>,
+                "dettrial::Context::wrap_lr_scheduler: the mode must be a dettrial::lr_step policy (every_batch, "
+                "every_epoch, every_optimizer_step, manual, on_validation) or a type with name and steps_after(...)");
+  static_assert(!steppable || CheckpointableLRScheduler<S>,  // one sentence at a time
+                "dettrial::Context::wrap_lr_scheduler<S>: checkpoints must restore S, so S must derive from "
+                "torch::optim::LRScheduler or have save(torch::serialize::OutputArchive&) const and "
+                "load(torch::serialize::InputArchive&)");
+  if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
+  if constexpr (steppable && LRStepMode<Mode> && CheckpointableLRScheduler<S>) {  // else only the sentences above
+    WrappedScheduler w{&scheduler,
+                       nullptr,
+                       &Mode::steps_after,
+                       frequency,
+                       &save_lr_scheduler<S>,
+                       &load_lr_scheduler<S>,
+                       &lr_scheduler_steps<S>,
+                       python_state_writer<S>(),
+                       python_state_reader<S>()};
+    w.type = c10::demangle(typeid(S).name());
+    wrap_python_param_groups<S>(w);
+    if constexpr (by_metric) {
+      if (mode.metric.empty())
+        throw ConfigError(
+            "lr_step::on_validation needs the validation metric to step with, e.g. lr_step::on_validation{\"validation_loss\"}");
+      w.step_with_metric = [](void* s, double metric) { static_cast<S*>(s)->step(metric); };
+      w.metric = mode.metric;
+    } else {
+      w.step = [](void* s) { static_cast<S*>(s)->step(); };
+    }
+    schedulers_.push_back(std::move(w));
+  }
+}
+
+template <class T, class R>
+decltype(auto) Registrations::add_reducer(R&& reducer, std::string name, bool for_training, bool for_validation, bool in_job) {
+  using Plain = std::remove_cvref_t<R>;
+  if constexpr (MetricReducer<Plain>) {
+    static_assert(std::is_lvalue_reference_v<R>,
+                  "dettrial::Context::wrap_reducer: a reducer object must outlive the trainer, so pass a member of the trial "
+                  "(an lvalue), not a temporary");
+    Plain& r = reducer;
+    if (reducers_.contains(&r)) throw TrialError("this reducer was already wrapped with wrap_reducer");
+    if constexpr (!CrossSlotReducer<Plain>)
+      if (in_job)
+        throw TrialError("wrap_reducer" + (name.empty() ? std::string() : " '" + name + "'") +
+                         ": this reducer has only reduce(), which sees one rank's data; in a data-parallel job give it "
+                         "per_slot_reduce() and cross_slot_reduce(parts) (see dettrial::CrossSlotReducer), or wrap a "
+                         "function with wrap_reducer(fn, name)");
+    check_reducer_name<reduced_metrics_t<Plain>>(name);
+    reducers_.add(WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
+    return static_cast<Plain&>(r);
+  } else {
+    constexpr bool is_function = std::invocable<Plain&, const std::vector<T>&>;
+    static_assert(is_function && SlotValue<std::vector<T>>,
+                  "dettrial::Context::wrap_reducer: the reducer must have reset() and either reduce() returning a number or "
+                  "dettrial::MetricValues, or per_slot_reduce() returning a number, tensor, string or std::vector/std::tuple of "
+                  "them and cross_slot_reduce(parts) returning a number or dettrial::MetricValues (see dettrial::MetricReducer), "
+                  "or be a function of const std::vector<T>& (T a number or tensor) returning one");
+    if constexpr (is_function) {
+      using Result = std::invoke_result_t<Plain&, const std::vector<T>&>;
+      static_assert(ReducedMetrics<Result>, "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
+      if constexpr (ReducedMetrics<Result>) {
+        using Function = FunctionReducer<T, std::decay_t<R>>;  // a function reference becomes a pointer
+        check_reducer_name<Result>(name);
+        auto owned = std::make_shared<Function>(std::forward<R>(reducer));
+        Function& r = *owned;
+        reducers_.add(WrappedReducer::wrap(r, std::move(name), for_training, for_validation), std::move(owned));
+        return r;
+      }
+    }
+  }
+}
+
+template <class Result>
+void Registrations::check_reducer_name(const std::string& name) {
+  constexpr bool returns_many = std::same_as<std::remove_cvref_t<Result>, MetricValues>;
+  if (returns_many && !name.empty())
+    throw TrialError("wrap_reducer: reducer '" + name + "' returns MetricValues (merged by their own names), so wrap it without a name");
+  if (!returns_many && name.empty()) throw TrialError("wrap_reducer: a reducer that returns a number needs a name to report it under");
+}
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void Registrations::clear() {
+  models_.clear();
+  optimizers_.clear();
+  schedulers_.clear();
+  average_.reset();
+  reducers_.clear();
+}
+
+DETTRIAL_INLINE void Registrations::add_optimizer(torch::optim::Optimizer& optimizer, bool average_aggregated_gradients) {
+  for (const auto& w : optimizers_)
+    if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
+  WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients, optimizers_.size()};
+  refresh_params(w);
+  optimizers_.push_back(std::move(w));
+}
+
+DETTRIAL_INLINE WrappedOptimizer& Registrations::find(const torch::optim::Optimizer& optimizer) {
+  for (auto& w : optimizers_)
+    if (w.optimizer == &optimizer) return w;
+  throw TrialError("step_optimizer was given an optimizer that was not wrapped with context.wrap_optimizer");
+}
+
+DETTRIAL_INLINE void Registrations::step_lr_schedulers_on_validation(const MetricValues& metrics) {
+  for (auto& s : schedulers_) {
+    if (!s.step_with_metric) continue;
+    const std::optional<double> value = metrics.get(s.metric);
+    if (!value) {
+      std::string names;
+      for (const auto& [name, v] : metrics) names += (names.empty() ? "" : ", ") + name;
+      throw ConfigError("the LR scheduler stepped on validation needs the validation metric '" + s.metric +
+                        "', which the validation did not report (it reported: " + names + ")");
+    }
+    s.step_with_metric(s.scheduler, *value);
+  }
+}
+
+DETTRIAL_INLINE void Registrations::add_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source,
+                                                AveragingSchedule schedule) {
+  if (average_) throw ConfigError("wrap_averaged_model: the trial already wrapped an averaged model (one per trial)");
+  if (schedule.every_n_steps < 1)
+    throw ConfigError("wrap_averaged_model: every_n_steps must be at least 1, not " + std::to_string(schedule.every_n_steps));
+  if (schedule.warmup_steps < 0)
+    throw ConfigError("wrap_averaged_model: warmup_steps must be at least 0, not " + std::to_string(schedule.warmup_steps));
+  average_ = detail::ScheduledAverage{std::move(weights), std::move(source), schedule};
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/context/detail/registrations.hpp
+// ---- begin dettrial/context/detail/setup.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief What a Context's constructor decides once, from its options and the experiment config:
+/// where the process sits (ranks, device, the slots), the trial's seed and ids, its threads and
+/// determinism, and the settings of its training step.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include <torch/torch.h>
+
+
+namespace dettrial::detail {
+
+/// A non-negative integer id from environment variable `name`; 0 when unset; ConfigError when not a number.
+DETTRIAL_INLINE std::int64_t id_from_environment(const char* name);
+
+/// What a Context is set up with (see setup_context).
+struct ContextSetup {
+  /// The job's ranks: the communicator's size, else `resources.slots_per_trial`.
+  std::int64_t slots_per_trial = 1;
+  std::uint64_t trial_seed = 0;
+  std::int64_t trial_id = 0;
+  std::int64_t experiment_id = 0;
+  torch::Device device{torch::kCPU};
+  DistributedInfo distributed{};
+  /// The job's process group (null in one process).
+  std::shared_ptr<Communicator> communicator{};
+  ThreadChoice threads{};
+  std::optional<bool> deterministic{};
+  Precision precision = Precision::fp32;
+  /// The training step's settings (its communicator is `communicator`).
+  StepSettings step{};
+};
+
+/**
+ * @brief The setup `options` and `config` give (ContextOptions says what each unset option
+ * becomes): the communicator's ranks checked against `resources.slots_per_trial`; the device the
+ * local rank picks, checked against the communicator's backend; the chief's seed broadcast to every
+ * rank; the threads and determinism rank_invariant asks for. A ConfigError names what cannot be.
+ */
+DETTRIAL_INLINE ContextSetup setup_context(const ExperimentConfig& config, ContextOptions options);
+
+/// In a job, after the trial and its data loaders were built from the same seed on every rank:
+/// ranks other than the chief continue on a stream of their own, derived from the trial seed and
+/// the rank, so that their dropout masks and other draws differ.
+DETTRIAL_INLINE void seed_rank_stream(const ContextSetup& setup);
+
+/// A trial's seed: a value in [0, 2^31) drawn from the experiment seed, as Determined's master draws
+/// trial seeds; without an experiment seed, from the clock (Determined's default).
+DETTRIAL_INLINE std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed);
+
+}  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE std::int64_t id_from_environment(const char* name) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long long id = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0' || id < 0)
+    throw ConfigError(std::string(name) + " is '" + text + "'; it must be a trial or experiment id (a non-negative integer)");
+  return id;
+}
+
+DETTRIAL_INLINE void seed_rank_stream(const ContextSetup& setup) {
+  if (setup.distributed.rank > 0)
+    torch::manual_seed(mix64(setup.trial_seed ^ (static_cast<std::uint64_t>(setup.distributed.rank) * golden_gamma)) >> 1);
+}
+
+DETTRIAL_INLINE std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
+  std::uint64_t x =
+      experiment_seed ? *experiment_seed : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return mix64(x + golden_gamma) % (1ULL << 31);
+}
+
+}  // namespace dettrial::detail
+
+namespace dettrial::detail::setup {
+/// The communicator's ranks, checked against the config's slots.
+inline void join(ContextSetup& s, ContextOptions& options) {
+  if (!options.communicator || options.communicator->size() <= 1) return;
+  s.communicator = std::move(options.communicator);
+  const LaunchEnvironment& env = s.communicator->environment();
+  if (s.slots_per_trial > 1 && s.slots_per_trial != env.size)
+    throw ConfigError("resources.slots_per_trial is " + std::to_string(s.slots_per_trial) + ", but " + launcher_name(env.launcher) +
+                      " started " + std::to_string(env.size) + " processes");
+  s.slots_per_trial = env.size;
+  s.distributed = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
+}
+
+/// One GPU per process: the local rank picks it. NCCL takes tensors on one GPU only: models,
+/// gradients and every collective must be there (Gloo takes CPU tensors, and CUDA ones too).
+inline void pick_device(ContextSetup& s, const ContextOptions& options) {
+  const LaunchEnvironment alone{};  // one process: local rank 0
+  s.device = options.device ? *options.device
+                            : (torch::cuda::is_available()
+                                   ? torch::Device(torch::kCUDA, local_gpu_index(s.communicator ? s.communicator->environment() : alone))
+                                   : torch::Device(torch::kCPU));
+  if (s.communicator && !s.communicator->device().is_cpu() && s.communicator->device() != s.device)
+    throw ConfigError(std::string("the ") + s.communicator->backend_name() + " backend of rank " + std::to_string(s.distributed.rank) +
+                      " takes tensors on " + s.communicator->device().str() + ", but this process's device is " + s.device.str() +
+                      "; give every rank the device its local rank picks (or leave ContextOptions::device unset)");
+}
+}  // namespace dettrial::detail::setup
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE ContextSetup setup_context(const ExperimentConfig& config, ContextOptions options) {
+  ContextSetup s;
+  s.slots_per_trial = options.slots_per_trial.value_or(config.slots_per_trial);
+  s.step.aggregation_frequency = options.aggregation_frequency.value_or(config.aggregation_frequency);
+  s.step.average_aggregated_gradients = options.average_aggregated_gradients.value_or(config.average_aggregated_gradients);
+  if (s.step.aggregation_frequency < 1) throw ConfigError("aggregation_frequency must be at least 1");
+  if (s.slots_per_trial < 1) throw ConfigError("slots_per_trial must be at least 1");
+  setup::join(s, options);
+  setup::pick_device(s, options);
+  s.trial_seed = options.trial_seed ? *options.trial_seed : derive_trial_seed(config.experiment_seed);
+  s.trial_id = options.trial_id ? *options.trial_id : id_from_environment("DET_TRIAL_ID");
+  s.experiment_id = options.experiment_id ? *options.experiment_id : id_from_environment("DET_EXPERIMENT_ID");
+  // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
+  // and the ranks would shard different permutations of the data).
+  if (s.communicator)
+    s.trial_seed = static_cast<std::uint64_t>(s.communicator->broadcast_values({static_cast<std::int64_t>(s.trial_seed)})[0]);
+  const bool rank_invariant = options.rank_invariant.value_or(config.rank_invariant);
+  s.threads = choose_threads(
+      s.communicator ? s.communicator->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process(),
+      [](const char* name) { return std::getenv(name); }, rank_invariant ? ThreadDefault::one_per_rank : ThreadDefault::share_of_cores);
+  s.deterministic = options.deterministic ? options.deterministic : config.deterministic;
+  // On a GPU the ordered sums alone do not give the same bits: cuDNN's and atomic kernels may round
+  // differently from run to run (the MNIST example's 1 and 2 ranks ended 3e-8 apart on an H200).
+  // Unless the user chose, rank_invariant asks for the deterministic ones there.
+  if (rank_invariant && s.device.is_cuda() && !s.deterministic) s.deterministic = true;
+  s.precision = options.mixed_precision.value_or(config.mixed_precision);
+  s.step.communicator = s.communicator.get();
+  s.step.rank_invariant = rank_invariant;
+  s.step.trial_seed = s.trial_seed;
+  s.step.rank = s.distributed.rank;
+  s.step.ranks = s.distributed.size;
+  return s;
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
+// ---- end dettrial/context/detail/setup.hpp
+
+namespace dettrial::detail {
+/// Where the running fit stands: set by the trainer, read through the Context's counters.
+struct RunPosition {
+  /// The batch index training started (or resumed) from.
+  std::int64_t initial_batch = 0;
+  /// The global index of the batch being trained.
+  std::int64_t current_batch = 0;
+  /// Batches per epoch on this rank; 0 until training starts.
+  std::int64_t epoch_len = 0;
+  std::filesystem::path output_dir{};
+  /// NumPy's and Python's generator states from the Determined checkpoint this run continues
+  /// (`np_rng_state`, `random_rng_state`), written back into its checkpoints; none otherwise.
+  c10::IValue python_generators{};
+};
+}  // namespace dettrial::detail
+
+namespace dettrial::detail {
+struct ContextAccess;
+class TrainingStep;
+}  // namespace dettrial::detail
+
+namespace dettrial {
+/**
+ * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
+ *
+ * Imperative trials take it in their constructor and wrap their models, optimizers and schedulers
+ * with it; declarative trials may take it to read hyperparameters. The trainer keeps the counters.
+ */
+class Context {
+ public:
+  /// A context for the one trial an experiment config describes.
+  explicit Context(const ExperimentConfig& config, ContextOptions options = {});
+
+  /// A context from hyperparameters alone (an empty experiment config).
+  explicit Context(Hyperparameters hparams, ContextOptions options = {});
+
+  Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options);
+
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  // Out of line (compiled once in separate compilation): destroying a Context's members is a
+  // large graph of inline code (optimizers, buckets, schedulers, the config) that a translation
+  // unit making a Context would otherwise compile. (In a whole trial's unit the saving is small:
+  // docs/benchmarks.md.)
+  ~Context();
+
+  // ---- hyperparameters and configuration -------------------------------------------------------
+
+  /// The hyperparameter `name` (dotted for nested values) as T; throws HyperparameterError naming it.
+  template <class T>
+  T get_hparam(std::string_view name) const {
+    return hparams_.get<T>(name);
+  }
+  const Hyperparameters& get_hparams() const { return hparams_; }
+  /// The experiment config's `data` section.
+  const YAML::Node& get_data_config() const { return config_.data; }
+  /// The value at `path` (dotted for nested values) of the config's `data` section as T; throws
+  /// ConfigError naming `data.<path>` when it is missing or is not a T. The common types are read
+  /// once, in dettrial::compiled: a trial's translation unit compiles no YAML lookup for them.
+  template <class T>
+  T get_data(std::string_view path) const;
+  /// The same, or `fallback` when the `data` section does not have `path` (a present but mistyped
+  /// value still throws).
+  template <class T>
+  T get_data_or(std::string_view path, T fallback) const {
+    return has_data(path) ? get_data<T>(path) : std::move(fallback);
+  }
+  /// True when the `data` section has a value at `path`.
+  bool has_data(std::string_view path) const { return config_.has_data(path); }
+  /// The running fit's output folder (metrics.jsonl, checkpoints/; in a search, the trial's own
+  /// `trials/<id>/`): where a trial's or callback's own files belong. Empty until `fit` starts (the
+  /// trial's constructor runs before), so read it in hooks and batches.
+  const std::filesystem::path& output_dir() const { return position_.output_dir; }
+  const ExperimentConfig& get_experiment_config() const { return config_; }
+
+  /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
+  std::int64_t get_per_slot_batch_size() const { return hparams_.per_slot_batch_size(setup_.slots_per_trial); }
+  /// The effective global batch size, `per_slot * slots`.
+  std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * setup_.slots_per_trial; }
+  /// The job's ranks: the communicator's size, else `resources.slots_per_trial` (which a fit then
+  /// refuses above 1: one process would train alone on a slot's share of each global batch).
+  std::int64_t slots_per_trial() const { return setup_.slots_per_trial; }
+  /// True when the `global_batch_size` hyperparameter exists.
+  bool has_global_batch_size() const { return hparams_.global_batch_size().has_value(); }
+
+  // ---- seed, device, distribution -------------------------------------------------------------
+
+  /// The seed every RNG was seeded with: the same seed gives the same run.
+  std::uint64_t get_trial_seed() const { return setup_.trial_seed; }
+  /// The trial's id in its experiment: 1, 2, ... in a search run by dettrial; 0 for a trial run on its
+  /// own (see ContextOptions::trial_id).
+  std::int64_t get_trial_id() const { return setup_.trial_id; }
+  /// The experiment's id: a search's own number, kept when it is continued; 0 for a trial run on its own.
+  std::int64_t get_experiment_id() const { return setup_.experiment_id; }
+  const torch::Device& device() const { return setup_.device; }
+  const DistributedInfo& distributed() const { return setup_.distributed; }
+  /// The job's process group, or null for one process.
+  Communicator* communicator() const { return setup_.communicator.get(); }
+  /// The thread count this process is to compute with and why (see ContextOptions::threads).
+  const ThreadChoice& threads() const { return setup_.threads; }
+  /**
+   * @brief What the process this context trains in should set for itself: the thread count, the
+   * config's determinism, glibc's retention of freed memory, and the trial's seed (the chief's, in a
+   * job). The context applies none of it: `dettrial::main` does, and a main of one's own calls
+   * `context.process_settings().apply()` once, before building the trial.
+   */
+  ProcessSettings process_settings() const {
+    return {.threads = setup_.threads, .deterministic = setup_.deterministic, .keep_freed_memory = true, .seed = setup_.trial_seed};
+  }
+  std::int64_t aggregation_frequency() const { return setup_.step.aggregation_frequency; }
+
+  /// Moves a nested batch to this context's device (see dettrial::to_device).
+  template <class B>
+  std::remove_cvref_t<B> to_device(B&& batch) const {
+    return dettrial::to_device(std::forward<B>(batch), setup_.device, setup_.device.is_cuda());
+  }
+
+  // ---- counters -------------------------------------------------------------------------------
+
+  /// The batch index training started (or resumed) from.
+  std::int64_t get_initial_batch() const { return position_.initial_batch; }
+  /// The global index of the batch being trained.
+  std::int64_t current_train_batch() const { return position_.current_batch; }
+  /// The epoch of the batch being trained.
+  std::int64_t current_train_epoch() const { return position_.current_batch / require_epoch_len(); }
+  bool is_epoch_start() const { return position_.current_batch % require_epoch_len() == 0; }
+  bool is_epoch_end() const { return position_.current_batch % require_epoch_len() == require_epoch_len() - 1; }
+  /// True on batches that step the optimizers (every `aggregation_frequency`-th batch).
+  bool is_update_batch() const { return (position_.current_batch + 1) % setup_.step.aggregation_frequency == 0; }
+
+  /// Ask the trainer to checkpoint and stop at the next boundary.
+  void set_stop_requested(bool stop) { stop_requested_ = stop; }
+  bool get_stop_requested() const { return stop_requested_; }
+
+  // ---- TensorBoard ----------------------------------------------------------------------------
+
+  /// The run's TensorBoard writer, for a trial's own scalars and histograms next to the trainer's
+  /// metrics (`add_scalar(tag, value, context.current_train_batch())`). It writes from the start of
+  /// `fit` on the chief; before that, and on the other ranks, it writes nothing.
+  TensorBoardWriter& get_tensorboard_writer() { return tensorboard_; }
+  /// `<output_dir>/tensorboard`, where the run's event files go (empty until `fit` starts).
+  std::filesystem::path get_tensorboard_path() const;
+  /// Whether the trainer writes its metrics, learning rates and timings to TensorBoard (default on).
+  /// Off, the writer still takes the trial's own scalars.
+  void set_enable_tensorboard_logging(bool on) { tensorboard_logging_ = on; }
+
+  /**
+   * @brief Profiles training with LibTorch's profiler on a schedule (Determined's `set_profiler`,
+   * with `torch.profiler.profile`'s arguments), from the trial's constructor. The trainer steps it
+   * after every training batch and writes each cycle's trace to the run's TensorBoard folder, where
+   * TensorBoard's profile plugin reads it. It takes the place of the config's `profiling` section.
+   * A schedule `torch.profiler.schedule` would refuse is a ConfigError.
+   *
+   * @code
+   * context.set_profiler({.activities = {dettrial::ProfilerActivity::cpu, dettrial::ProfilerActivity::cuda},
+   *                       .schedule = {.wait = 1, .warmup = 1, .active = 2, .repeat = 2}});
+   * @endcode
+   */
+  void set_profiler(ProfilerOptions options) {
+    detail::check_profiler_options(options);
+    profiler_ = std::move(options);
+  }
+  /// What set_profiler was given, if it was called.
+  const std::optional<ProfilerOptions>& profiler_options() const { return profiler_; }
+  bool get_enable_tensorboard_logging() const { return tensorboard_logging_; }
+
+  // ---- wrapping -------------------------------------------------------------------------------
+
+  /// Moves the model to the device and registers it (train/eval mode, checkpoints). Returns it.
+  template <class M>
+  M wrap_model(M model) {
+    static_assert(ModelHandle<M>,
+                  "dettrial::Context::wrap_model<M>: M must be a LibTorch module holder (torch::nn::Linear, "
+                  "torch::nn::Sequential, ...) or a std::shared_ptr to a torch::nn::Module");
+    if constexpr (ModelHandle<M>) {  // only the sentence above when it is not
+      auto module = module_of(model);
+      module->to(setup_.device);
+      registrations_.add_model(std::move(module));
+    }
+    return model;
+  }
+
+  /**
+   * @brief Registers an optimizer so `step_optimizer` can aggregate, clip and step it. The optimizer
+   * must outlive the trainer (a member of the trial). `average_aggregated_gradients` defaults to
+   * the experiment config's.
+   */
+  template <class O>
+  O& wrap_optimizer(O& optimizer, std::optional<bool> average_aggregated_gradients = std::nullopt) {
+    static_assert(TorchOptimizer<O>, "dettrial::Context::wrap_optimizer<O>: O must derive from torch::optim::Optimizer");
+    if constexpr (TorchOptimizer<O>)  // only the sentence above when it is not
+      registrations_.add_optimizer(optimizer, average_aggregated_gradients.value_or(setup_.step.average_aggregated_gradients));
+    return optimizer;
+  }
+
+  /**
+   * @brief Registers an LR scheduler to be stepped by dettrial in `Mode` (see dettrial::lr_step),
+   * every `frequency` units. The scheduler must outlive the trainer. Returns it.
+   */
+  template <class S, class Mode = lr_step::every_batch>
+  S& wrap_lr_scheduler(S& scheduler, Mode mode = {}, std::int64_t frequency = 1) {
+    registrations_.add_lr_scheduler(scheduler, mode, frequency);
+    return scheduler;
+  }
+
+  /// Steps the lr_step::on_validation schedulers with this validation's metrics (the trainer calls it).
+  void step_lr_schedulers_on_validation(const MetricValues& metrics) { registrations_.step_lr_schedulers_on_validation(metrics); }
+
+  /**
+   * @brief Registers a user reducer (Determined's `wrap_reducer`): reset before each training workload
+   * and validation, reduced at its end, and reported under `name` (or, for MetricValues, their own
+   * names). `reducer` is one of:
+   * - a CrossSlotReducer (`per_slot_reduce()` on every rank, `cross_slot_reduce(parts)` over all
+   *   ranks' parts): owned by the caller, returned as given;
+   * - a function of `const std::vector<T>&` (T = double unless given): dettrial keeps a
+   *   FunctionReducer<T> and returns it; the trial calls its `update(value)`, and the function gets
+   *   every rank's values in batch order;
+   * - a LocalReducer (`reduce()` only): one process only, since it cannot see the other ranks' data.
+   */
+  template <class T = double, class R>
+  decltype(auto) wrap_reducer(R&& reducer, std::string name = {}, bool for_training = true, bool for_validation = true) {
+    return registrations_.add_reducer<T>(std::forward<R>(reducer), std::move(name), for_training, for_validation,
+                                         setup_.communicator != nullptr);
+  }
+
+  /**
+   * @brief Registers a weight average of `model`, which the trainer then updates after every
+   * `schedule.every_n_steps`-th optimizer step (when the update batch ends, after all of its optimizer
+   * steps), puts in checkpoints (state_dict.pth's `model_ema`, torchvision's name and layout) and
+   * restores on resume, and whose buffers every rank takes from rank 0 where the models' are
+   * (validation, checkpoints), so every rank holds the same average. One per trial. Validating on it
+   * is the trial's choice: call `averaged.module()` in evaluate_batch.
+   */
+  template <class M>
+  optim::AveragedModel<M>& wrap_averaged_model(optim::AveragedModel<M>& averaged, const M& model, AveragingSchedule schedule = {}) {
+    registrations_.add_average(averaged.weights(), model.ptr(), schedule);
+    return averaged;
+  }
+  /// The wrapped average (its state dict is Python's AveragedModel's), or null.
+  std::shared_ptr<optim::AveragedWeights> averaged_weights() const {
+    const auto* average = registrations_.average();
+    return average ? average->weights : nullptr;
+  }
+
+  /// Every wrapped model, in wrap order.
+  const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return registrations_.models(); }
+  std::size_t num_optimizers() const { return registrations_.optimizers().size(); }
+  /// Wrapped optimizer `i`, in wrap order.
+  torch::optim::Optimizer& optimizer(std::size_t i) const { return *registrations_.optimizers()[i].optimizer; }
+  std::size_t num_lr_schedulers() const { return registrations_.lr_schedulers().size(); }
+
+  // ---- the training step ----------------------------------------------------------------------
+
+  /// Back-propagates `loss` (Determined's `context.backward`): outside autocast, and multiplied by the
+  /// gradient scaler's scale when one is in use.
+  void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false);
+  /// Back-propagates a non-scalar `output` with `gradient` (PyTorch's `backward(gradient)`).
+  void backward(const torch::Tensor& output, const torch::Tensor& gradient, bool retain_graph = false, bool create_graph = false);
+
+  /**
+   * @brief Steps a wrapped optimizer with Determined's semantics: on batches that are not update
+   * batches it returns (gradients accumulate); on update batches it divides the gradients by the
+   * aggregation frequency (if averaging), clips them, steps, and zeroes them.
+   */
+  template <class Clip = clip::none>
+  void step_optimizer(torch::optim::Optimizer& optimizer, Clip clip_gradients = {}, bool auto_zero_grads = true) {
+    static_assert(GradientClipper<Clip>,
+                  "dettrial::Context::step_optimizer: the clip argument must be callable with std::vector<torch::Tensor>& "
+                  "(dettrial::clip::by_norm{...}, clip::by_value{...})");
+    detail::WrappedOptimizer* w = gradients_for_step(optimizer, auto_zero_grads);
+    if (!w) return;                                                  // not an update batch
+    if constexpr (GradientClipper<Clip>) clip_gradients(w->params);  // else only the sentence above
+    finish_step(*w, auto_zero_grads);
+  }
+
+  /// Whether gradients are summed in the data stream's order (reproducibility.rank_invariant).
+  bool rank_invariant() const;
+
+  // ---- mixed precision ------------------------------------------------------------------------
+
+  /**
+   * @brief Registers a gradient scaler (Determined's `wrap_scaler`): from then on `backward` scales
+   * the loss, `step_optimizer` unscales the gradients before clipping and skips a step with an inf
+   * or NaN gradient, and the trainer updates the scale after each update batch; checkpoints keep its
+   * state. At most one; with `mixed_precision: fp16` the context has one of its own unless a trial wraps one.
+   */
+  GradScaler& wrap_scaler(GradScaler& scaler);
+  /// The scaler in use, or nullptr.
+  GradScaler* scaler() const;
+  /// The precision forward passes run in (the trainer enters autocast around the trial's hooks).
+  Precision precision() const;
+  /// Autocast's dtype for this precision on this context's device; none for fp32.
+  std::optional<at::ScalarType> autocast_dtype() const;
+
+ private:
+  // ---- driven by the trainer alone, through detail::ContextAccess ------------------------------
+  friend struct detail::ContextAccess;
+
+  /// Forgets every wrapped object (called when their trainer goes away).
+  void release_registrations();
+  // step_optimizer's first half, compiled once (in separate compilation) for every clip type and
+  // trial: the gradients of an update batch made whole and unscaled; null on a batch that only
+  // accumulates.
+  detail::WrappedOptimizer* gradients_for_step(torch::optim::Optimizer& optimizer, bool auto_zero_grads);
+  // Its second half: the step (or its skip), then zero_grad when asked.
+  void finish_step(detail::WrappedOptimizer& w, bool auto_zero_grads);
+
+  std::int64_t require_epoch_len() const;
+
+  Hyperparameters hparams_;
+  ExperimentConfig config_;
+  detail::ContextSetup setup_;
+  detail::Registrations registrations_;
+  // Held through a pointer so that a trial's unit does not read the step's modes (their classes,
+  // and std::visit over them, are compiled once with the rest of the Context).
+  std::unique_ptr<detail::TrainingStep> step_;
+  detail::RunPosition position_{};
+  TensorBoardWriter tensorboard_{};
+  bool tensorboard_logging_ = true;
+  std::optional<ProfilerOptions> profiler_;
+  bool stop_requested_ = false;
+};
+
+// Not inline, so that the explicit instantiations below keep a trial's translation unit from compiling it.
+template <class T>
+T Context::get_data(std::string_view path) const {
+  const YAML::Node node = config_.data_node(path);
+  T value{};
+  if (!detail::try_read(node, value))
+    throw ConfigError(detail::where(node, config_.source) + ": data." + std::string(path) + " is " + detail::describe(node) +
+                      ", which is not a " + detail::type_name<T>());
+  return value;
+}
+
+#if defined(DETTRIAL_SEPARATE_COMPILATION)
+#if DETTRIAL_HEADER_DEFINITIONS
+#define DETTRIAL_DATA_TYPE(T) template T Context::get_data<T>(std::string_view) const;
+#else
+#define DETTRIAL_DATA_TYPE(T) extern template T Context::get_data<T>(std::string_view) const;
+#endif
+DETTRIAL_DATA_TYPE(double)
+DETTRIAL_DATA_TYPE(float)
+DETTRIAL_DATA_TYPE(int)
+DETTRIAL_DATA_TYPE(std::int64_t)
+DETTRIAL_DATA_TYPE(bool)
+DETTRIAL_DATA_TYPE(std::string)
+#undef DETTRIAL_DATA_TYPE
+#endif
+
+}  // namespace dettrial
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+#if DETTRIAL_HEADER_DEFINITIONS
+// ---- begin dettrial/step/detail/training_step.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The training step: one mode (local, replicated, ordered or sharded) chosen from the
+/// options, the combinations that cannot train refused here and nowhere else, and the precision
+/// step it owns. The Context's step_optimizer and backward, and the trainer's batch boundaries, come
+/// through it.
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <variant>
+
+#include <torch/torch.h>
+
+// ---- begin dettrial/step/detail/local.hpp
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// @brief The training step of one process: gradients accumulated over the aggregated batches,
+/// averaged, and the optimizers stepped (Determined's single-slot trial).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
 
 namespace dettrial::detail {
 
@@ -14409,803 +15211,6 @@ DETTRIAL_INLINE void TrainingStep::step(WrappedOptimizer& w, bool auto_zero_grad
 }  // namespace dettrial::detail
 #endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/step/detail/training_step.hpp
-// ---- begin dettrial/context/options.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief What a Context is made with: ContextOptions, and DistributedInfo (where a process sits in
-/// a data-parallel job).
-
-#include <cstdint>
-#include <memory>
-#include <optional>
-
-#include <torch/torch.h>
-
-
-namespace dettrial {
-
-/// Where a process sits in a data-parallel job. One process: rank 0 of 1.
-struct DistributedInfo {
-  int rank = 0;
-  int size = 1;
-  int local_rank = 0;
-  int local_size = 1;
-  bool is_chief() const { return rank == 0; }
-
-  // Determined's `context.distributed` getters. Nodes are numbered as launchers place ranks: a
-  // node's ranks are consecutive, `local_size` of them (torchrun, srun, mpirun by slot).
-  int get_rank() const { return rank; }
-  int get_size() const { return size; }
-  int get_local_rank() const { return local_rank; }
-  int get_local_size() const { return local_size; }
-  /// This process's node: `rank / local_size`.
-  int get_cross_rank() const { return rank / (local_size > 0 ? local_size : 1); }
-  /// The number of nodes: `size / local_size`, rounded up.
-  int get_cross_size() const {
-    const int per_node = local_size > 0 ? local_size : 1;
-    return (size + per_node - 1) / per_node;
-  }
-};
-
-/// Options that set up a Context (usually taken from the experiment config).
-struct ContextOptions {
-  /// The seed of every RNG; unset means: derived from `reproducibility.experiment_seed`, else from the clock.
-  std::optional<std::uint64_t> trial_seed{};
-  /// The device; unset means CUDA device 0 when LibTorch has CUDA and a GPU is present, else the CPU.
-  std::optional<torch::Device> device{};
-  /// Unset: the experiment config's (`optimizations.aggregation_frequency`), else 1.
-  std::optional<std::int64_t> aggregation_frequency{};
-  /// Unset: the experiment config's (`optimizations.average_aggregated_gradients`), else true.
-  std::optional<bool> average_aggregated_gradients{};
-  /// Unset: the experiment config's (`resources.slots_per_trial`), else 1. With a communicator, the
-  /// world size (a config asking for another number of slots is an error).
-  std::optional<std::int64_t> slots_per_trial{};
-  /// The process group of a data-parallel job (see Communicator::create); none for one process.
-  std::shared_ptr<Communicator> communicator;
-  /// Deterministic algorithms (see ExperimentConfig::deterministic); unset: the config's.
-  std::optional<bool> deterministic{};
-  /// Results that do not depend on the rank count (see ExperimentConfig::rank_invariant); unset: the config's.
-  std::optional<bool> rank_invariant{};
-  /// Threads for this process's intra-op and BLAS pools (`--threads`). Unset: OMP_NUM_THREADS when
-  /// set, else in a data-parallel job this rank's share of the node's cores, else the CPUs this
-  /// process may run on (see dettrial::choose_threads and dettrial::apply_threads).
-  std::optional<int> threads;
-  /// Autocast around forward passes (and for fp16 a gradient scaler); unset: the config's
-  /// `optimizations.mixed_precision`.
-  std::optional<Precision> mixed_precision{};
-  /// The trial's id in its experiment (Determined's `get_trial_id`). Unset: `DET_TRIAL_ID` from the
-  /// environment, which dettrial's search runner sets for each trial (as Determined's agents do),
-  /// else 0: a trial run on its own belongs to no experiment.
-  std::optional<std::int64_t> trial_id{};
-  /// The experiment's id (Determined's `get_experiment_id`). Unset: `DET_EXPERIMENT_ID`, else 0.
-  std::optional<std::int64_t> experiment_id{};
-};
-
-}  // namespace dettrial
-// ---- end dettrial/context/options.hpp
-// ---- begin dettrial/context/detail/registrations.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief What a trial registers with its Context (`wrap_model`, `wrap_optimizer`,
-/// `wrap_lr_scheduler`, `wrap_averaged_model`, `wrap_reducer`): kept in wrap order, checked as they
-/// come, and forgotten together when their trainer goes away.
-
-#include <concepts>
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <optional>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <typeinfo>
-#include <vector>
-
-#include <torch/torch.h>
-
-
-namespace dettrial::detail {
-
-/// A trial's registrations, in wrap order.
-class Registrations {
- public:
-  /// True while a trainer's trial is registered here.
-  bool any() const { return !models_.empty() || !optimizers_.empty() || !schedulers_.empty() || !reducers_.empty(); }
-  /// Forgets every wrapped object (their trainer went away).
-  void clear();
-
-  void add_model(std::shared_ptr<torch::nn::Module> module) { models_.push_back(std::move(module)); }
-  const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
-
-  /// A TrialError when `optimizer` was wrapped before.
-  void add_optimizer(torch::optim::Optimizer& optimizer, bool average_aggregated_gradients);
-  std::span<WrappedOptimizer> optimizers() { return optimizers_; }
-  std::span<const WrappedOptimizer> optimizers() const { return optimizers_; }
-  /// The wrapped `optimizer`; a TrialError naming the misuse when it was not wrapped.
-  WrappedOptimizer& find(const torch::optim::Optimizer& optimizer);
-
-  /// Context::wrap_lr_scheduler: `scheduler` stepped in `Mode` every `frequency` units.
-  template <class S, class Mode>
-  void add_lr_scheduler(S& scheduler, const Mode& mode, std::int64_t frequency);
-  std::span<WrappedScheduler> lr_schedulers() { return schedulers_; }
-  std::span<const WrappedScheduler> lr_schedulers() const { return schedulers_; }
-  /// Steps the lr_step::on_validation schedulers with this validation's metrics; a ConfigError when
-  /// the metric one steps with is not among them.
-  void step_lr_schedulers_on_validation(const MetricValues& metrics);
-
-  /// Context::wrap_averaged_model (one per trial; the schedule checked).
-  void add_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source, AveragingSchedule schedule);
-  detail::ScheduledAverage* average() { return average_ ? &*average_ : nullptr; }
-  const detail::ScheduledAverage* average() const { return average_ ? &*average_ : nullptr; }
-
-  /// Context::wrap_reducer; `in_job`: the context has a communicator (a LocalReducer is refused).
-  template <class T, class R>
-  decltype(auto) add_reducer(R&& reducer, std::string name, bool for_training, bool for_validation, bool in_job);
-  ReducerSet& reducers() { return reducers_; }
-  const ReducerSet& reducers() const { return reducers_; }
-
- private:
-  template <class Result>
-  static void check_reducer_name(const std::string& name);
-
-  std::vector<std::shared_ptr<torch::nn::Module>> models_;
-  std::vector<WrappedOptimizer> optimizers_;
-  std::vector<WrappedScheduler> schedulers_;
-  std::optional<detail::ScheduledAverage> average_;
-  ReducerSet reducers_;
-};
-
-template <class S, class Mode>
-void Registrations::add_lr_scheduler(S& scheduler, const Mode& mode, std::int64_t frequency) {
-  constexpr bool by_metric = std::same_as<Mode, lr_step::on_validation>;
-  constexpr bool steppable = by_metric ? MetricLRSchedulerLike<S> : LRSchedulerLike<S>;
-  static_assert(by_metric || LRSchedulerLike<S>, "dettrial::Context::wrap_lr_scheduler<S>: S must have step() (a torch::optim scheduler)");
-  static_assert(!by_metric || MetricLRSchedulerLike<S>,
-                "dettrial::Context::wrap_lr_scheduler<S>: lr_step::on_validation steps S with the validation metric, so S "
-                "must have step(double) (like dettrial::optim::ReduceLROnPlateau)");
-  static_assert(LRStepMode<Mode>,
-                "dettrial::Context::wrap_lr_scheduler: the mode must be a dettrial::lr_step policy (every_batch, "
-                "every_epoch, every_optimizer_step, manual, on_validation) or a type with name and steps_after(...)");
-  static_assert(!steppable || CheckpointableLRScheduler<S>,  // one sentence at a time
-                "dettrial::Context::wrap_lr_scheduler<S>: checkpoints must restore S, so S must derive from "
-                "torch::optim::LRScheduler or have save(torch::serialize::OutputArchive&) const and "
-                "load(torch::serialize::InputArchive&)");
-  if (frequency < 1) throw ConfigError("an LR scheduler's step frequency must be at least 1");
-  if constexpr (steppable && LRStepMode<Mode> && CheckpointableLRScheduler<S>) {  // else only the sentences above
-    WrappedScheduler w{&scheduler,
-                       nullptr,
-                       &Mode::steps_after,
-                       frequency,
-                       &save_lr_scheduler<S>,
-                       &load_lr_scheduler<S>,
-                       &lr_scheduler_steps<S>,
-                       python_state_writer<S>(),
-                       python_state_reader<S>()};
-    w.type = c10::demangle(typeid(S).name());
-    wrap_python_param_groups<S>(w);
-    if constexpr (by_metric) {
-      if (mode.metric.empty())
-        throw ConfigError(
-            "lr_step::on_validation needs the validation metric to step with, e.g. lr_step::on_validation{\"validation_loss\"}");
-      w.step_with_metric = [](void* s, double metric) { static_cast<S*>(s)->step(metric); };
-      w.metric = mode.metric;
-    } else {
-      w.step = [](void* s) { static_cast<S*>(s)->step(); };
-    }
-    schedulers_.push_back(std::move(w));
-  }
-}
-
-template <class T, class R>
-decltype(auto) Registrations::add_reducer(R&& reducer, std::string name, bool for_training, bool for_validation, bool in_job) {
-  using Plain = std::remove_cvref_t<R>;
-  if constexpr (MetricReducer<Plain>) {
-    static_assert(std::is_lvalue_reference_v<R>,
-                  "dettrial::Context::wrap_reducer: a reducer object must outlive the trainer, so pass a member of the trial "
-                  "(an lvalue), not a temporary");
-    Plain& r = reducer;
-    if (reducers_.contains(&r)) throw TrialError("this reducer was already wrapped with wrap_reducer");
-    if constexpr (!CrossSlotReducer<Plain>)
-      if (in_job)
-        throw TrialError("wrap_reducer" + (name.empty() ? std::string() : " '" + name + "'") +
-                         ": this reducer has only reduce(), which sees one rank's data; in a data-parallel job give it "
-                         "per_slot_reduce() and cross_slot_reduce(parts) (see dettrial::CrossSlotReducer), or wrap a "
-                         "function with wrap_reducer(fn, name)");
-    check_reducer_name<reduced_metrics_t<Plain>>(name);
-    reducers_.add(WrappedReducer::wrap(r, std::move(name), for_training, for_validation));
-    return static_cast<Plain&>(r);
-  } else {
-    constexpr bool is_function = std::invocable<Plain&, const std::vector<T>&>;
-    static_assert(is_function && SlotValue<std::vector<T>>,
-                  "dettrial::Context::wrap_reducer: the reducer must have reset() and either reduce() returning a number or "
-                  "dettrial::MetricValues, or per_slot_reduce() returning a number, tensor, string or std::vector/std::tuple of "
-                  "them and cross_slot_reduce(parts) returning a number or dettrial::MetricValues (see dettrial::MetricReducer), "
-                  "or be a function of const std::vector<T>& (T a number or tensor) returning one");
-    if constexpr (is_function) {
-      using Result = std::invoke_result_t<Plain&, const std::vector<T>&>;
-      static_assert(ReducedMetrics<Result>, "dettrial::Context::wrap_reducer(fn, name): fn must return a number or dettrial::MetricValues");
-      if constexpr (ReducedMetrics<Result>) {
-        using Function = FunctionReducer<T, std::decay_t<R>>;  // a function reference becomes a pointer
-        check_reducer_name<Result>(name);
-        auto owned = std::make_shared<Function>(std::forward<R>(reducer));
-        Function& r = *owned;
-        reducers_.add(WrappedReducer::wrap(r, std::move(name), for_training, for_validation), std::move(owned));
-        return r;
-      }
-    }
-  }
-}
-
-template <class Result>
-void Registrations::check_reducer_name(const std::string& name) {
-  constexpr bool returns_many = std::same_as<std::remove_cvref_t<Result>, MetricValues>;
-  if (returns_many && !name.empty())
-    throw TrialError("wrap_reducer: reducer '" + name + "' returns MetricValues (merged by their own names), so wrap it without a name");
-  if (!returns_many && name.empty()) throw TrialError("wrap_reducer: a reducer that returns a number needs a name to report it under");
-}
-
-}  // namespace dettrial::detail
-
-// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
-#if DETTRIAL_HEADER_DEFINITIONS
-namespace dettrial::detail {
-
-DETTRIAL_INLINE void Registrations::clear() {
-  models_.clear();
-  optimizers_.clear();
-  schedulers_.clear();
-  average_.reset();
-  reducers_.clear();
-}
-
-DETTRIAL_INLINE void Registrations::add_optimizer(torch::optim::Optimizer& optimizer, bool average_aggregated_gradients) {
-  for (const auto& w : optimizers_)
-    if (w.optimizer == &optimizer) throw TrialError("this optimizer was already wrapped with wrap_optimizer");
-  WrappedOptimizer w{&optimizer, {}, average_aggregated_gradients, optimizers_.size()};
-  refresh_params(w);
-  optimizers_.push_back(std::move(w));
-}
-
-DETTRIAL_INLINE WrappedOptimizer& Registrations::find(const torch::optim::Optimizer& optimizer) {
-  for (auto& w : optimizers_)
-    if (w.optimizer == &optimizer) return w;
-  throw TrialError("step_optimizer was given an optimizer that was not wrapped with context.wrap_optimizer");
-}
-
-DETTRIAL_INLINE void Registrations::step_lr_schedulers_on_validation(const MetricValues& metrics) {
-  for (auto& s : schedulers_) {
-    if (!s.step_with_metric) continue;
-    const std::optional<double> value = metrics.get(s.metric);
-    if (!value) {
-      std::string names;
-      for (const auto& [name, v] : metrics) names += (names.empty() ? "" : ", ") + name;
-      throw ConfigError("the LR scheduler stepped on validation needs the validation metric '" + s.metric +
-                        "', which the validation did not report (it reported: " + names + ")");
-    }
-    s.step_with_metric(s.scheduler, *value);
-  }
-}
-
-DETTRIAL_INLINE void Registrations::add_average(std::shared_ptr<optim::AveragedWeights> weights, std::shared_ptr<torch::nn::Module> source,
-                                                AveragingSchedule schedule) {
-  if (average_) throw ConfigError("wrap_averaged_model: the trial already wrapped an averaged model (one per trial)");
-  if (schedule.every_n_steps < 1)
-    throw ConfigError("wrap_averaged_model: every_n_steps must be at least 1, not " + std::to_string(schedule.every_n_steps));
-  if (schedule.warmup_steps < 0)
-    throw ConfigError("wrap_averaged_model: warmup_steps must be at least 0, not " + std::to_string(schedule.warmup_steps));
-  average_ = detail::ScheduledAverage{std::move(weights), std::move(source), schedule};
-}
-
-}  // namespace dettrial::detail
-#endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/context/detail/registrations.hpp
-// ---- begin dettrial/context/detail/setup.hpp
-// SPDX-License-Identifier: Apache-2.0
-/// @file
-/// @brief What a Context's constructor decides once, from its options and the experiment config:
-/// where the process sits (ranks, device, the slots), the trial's seed and ids, its threads and
-/// determinism, and the settings of its training step.
-
-#include <cstdint>
-#include <memory>
-#include <optional>
-
-#include <torch/torch.h>
-
-
-namespace dettrial::detail {
-
-/// A non-negative integer id from environment variable `name`; 0 when unset; ConfigError when not a number.
-DETTRIAL_INLINE std::int64_t id_from_environment(const char* name);
-
-/// What a Context is set up with (see setup_context).
-struct ContextSetup {
-  /// The job's ranks: the communicator's size, else `resources.slots_per_trial`.
-  std::int64_t slots_per_trial = 1;
-  std::uint64_t trial_seed = 0;
-  std::int64_t trial_id = 0;
-  std::int64_t experiment_id = 0;
-  torch::Device device{torch::kCPU};
-  DistributedInfo distributed{};
-  /// The job's process group (null in one process).
-  std::shared_ptr<Communicator> communicator{};
-  ThreadChoice threads{};
-  std::optional<bool> deterministic{};
-  Precision precision = Precision::fp32;
-  /// The training step's settings (its communicator is `communicator`).
-  StepSettings step{};
-};
-
-/**
- * @brief The setup `options` and `config` give (ContextOptions says what each unset option
- * becomes): the communicator's ranks checked against `resources.slots_per_trial`; the device the
- * local rank picks, checked against the communicator's backend; the chief's seed broadcast to every
- * rank; the threads and determinism rank_invariant asks for. A ConfigError names what cannot be.
- */
-DETTRIAL_INLINE ContextSetup setup_context(const ExperimentConfig& config, ContextOptions options);
-
-/// In a job, after the trial and its data loaders were built from the same seed on every rank:
-/// ranks other than the chief continue on a stream of their own, derived from the trial seed and
-/// the rank, so that their dropout masks and other draws differ.
-DETTRIAL_INLINE void seed_rank_stream(const ContextSetup& setup);
-
-/// A trial's seed: a value in [0, 2^31) drawn from the experiment seed, as Determined's master draws
-/// trial seeds; without an experiment seed, from the clock (Determined's default).
-DETTRIAL_INLINE std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed);
-
-}  // namespace dettrial::detail
-
-// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
-#if DETTRIAL_HEADER_DEFINITIONS
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cstdlib>
-#include <string>
-
-
-namespace dettrial::detail {
-
-DETTRIAL_INLINE std::int64_t id_from_environment(const char* name) {
-  const char* text = std::getenv(name);
-  if (!text || !*text) return 0;
-  char* end = nullptr;
-  errno = 0;
-  const long long id = std::strtoll(text, &end, 10);
-  if (errno != 0 || *end != '\0' || id < 0)
-    throw ConfigError(std::string(name) + " is '" + text + "'; it must be a trial or experiment id (a non-negative integer)");
-  return id;
-}
-
-DETTRIAL_INLINE void seed_rank_stream(const ContextSetup& setup) {
-  if (setup.distributed.rank > 0)
-    torch::manual_seed(mix64(setup.trial_seed ^ (static_cast<std::uint64_t>(setup.distributed.rank) * golden_gamma)) >> 1);
-}
-
-DETTRIAL_INLINE std::uint64_t derive_trial_seed(std::optional<std::uint64_t> experiment_seed) {
-  std::uint64_t x =
-      experiment_seed ? *experiment_seed : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-  return mix64(x + golden_gamma) % (1ULL << 31);
-}
-
-}  // namespace dettrial::detail
-
-namespace dettrial::detail::setup {
-/// The communicator's ranks, checked against the config's slots.
-inline void join(ContextSetup& s, ContextOptions& options) {
-  if (!options.communicator || options.communicator->size() <= 1) return;
-  s.communicator = std::move(options.communicator);
-  const LaunchEnvironment& env = s.communicator->environment();
-  if (s.slots_per_trial > 1 && s.slots_per_trial != env.size)
-    throw ConfigError("resources.slots_per_trial is " + std::to_string(s.slots_per_trial) + ", but " + launcher_name(env.launcher) +
-                      " started " + std::to_string(env.size) + " processes");
-  s.slots_per_trial = env.size;
-  s.distributed = DistributedInfo{.rank = env.rank, .size = env.size, .local_rank = env.local_rank, .local_size = env.local_size};
-}
-
-/// One GPU per process: the local rank picks it. NCCL takes tensors on one GPU only: models,
-/// gradients and every collective must be there (Gloo takes CPU tensors, and CUDA ones too).
-inline void pick_device(ContextSetup& s, const ContextOptions& options) {
-  const LaunchEnvironment alone{};  // one process: local rank 0
-  s.device = options.device ? *options.device
-                            : (torch::cuda::is_available()
-                                   ? torch::Device(torch::kCUDA, local_gpu_index(s.communicator ? s.communicator->environment() : alone))
-                                   : torch::Device(torch::kCPU));
-  if (s.communicator && !s.communicator->device().is_cpu() && s.communicator->device() != s.device)
-    throw ConfigError(std::string("the ") + s.communicator->backend_name() + " backend of rank " + std::to_string(s.distributed.rank) +
-                      " takes tensors on " + s.communicator->device().str() + ", but this process's device is " + s.device.str() +
-                      "; give every rank the device its local rank picks (or leave ContextOptions::device unset)");
-}
-}  // namespace dettrial::detail::setup
-
-namespace dettrial::detail {
-
-DETTRIAL_INLINE ContextSetup setup_context(const ExperimentConfig& config, ContextOptions options) {
-  ContextSetup s;
-  s.slots_per_trial = options.slots_per_trial.value_or(config.slots_per_trial);
-  s.step.aggregation_frequency = options.aggregation_frequency.value_or(config.aggregation_frequency);
-  s.step.average_aggregated_gradients = options.average_aggregated_gradients.value_or(config.average_aggregated_gradients);
-  if (s.step.aggregation_frequency < 1) throw ConfigError("aggregation_frequency must be at least 1");
-  if (s.slots_per_trial < 1) throw ConfigError("slots_per_trial must be at least 1");
-  setup::join(s, options);
-  setup::pick_device(s, options);
-  s.trial_seed = options.trial_seed ? *options.trial_seed : derive_trial_seed(config.experiment_seed);
-  s.trial_id = options.trial_id ? *options.trial_id : id_from_environment("DET_TRIAL_ID");
-  s.experiment_id = options.experiment_id ? *options.experiment_id : id_from_environment("DET_EXPERIMENT_ID");
-  // One trial seed for the job: the chief's (without an experiment seed each rank's clock differs,
-  // and the ranks would shard different permutations of the data).
-  if (s.communicator)
-    s.trial_seed = static_cast<std::uint64_t>(s.communicator->broadcast_values({static_cast<std::int64_t>(s.trial_seed)})[0]);
-  const bool rank_invariant = options.rank_invariant.value_or(config.rank_invariant);
-  s.threads = choose_threads(
-      s.communicator ? s.communicator->environment() : LaunchEnvironment{}, options.threads, CoreCount::of_this_process(),
-      [](const char* name) { return std::getenv(name); }, rank_invariant ? ThreadDefault::one_per_rank : ThreadDefault::share_of_cores);
-  s.deterministic = options.deterministic ? options.deterministic : config.deterministic;
-  // On a GPU the ordered sums alone do not give the same bits: cuDNN's and atomic kernels may round
-  // differently from run to run (the MNIST example's 1 and 2 ranks ended 3e-8 apart on an H200).
-  // Unless the user chose, rank_invariant asks for the deterministic ones there.
-  if (rank_invariant && s.device.is_cuda() && !s.deterministic) s.deterministic = true;
-  s.precision = options.mixed_precision.value_or(config.mixed_precision);
-  s.step.communicator = s.communicator.get();
-  s.step.rank_invariant = rank_invariant;
-  s.step.trial_seed = s.trial_seed;
-  s.step.rank = s.distributed.rank;
-  s.step.ranks = s.distributed.size;
-  return s;
-}
-
-}  // namespace dettrial::detail
-#endif  // DETTRIAL_HEADER_DEFINITIONS
-// ---- end dettrial/context/detail/setup.hpp
-
-namespace dettrial::detail {
-/// Where the running fit stands: set by the trainer, read through the Context's counters.
-struct RunPosition {
-  /// The batch index training started (or resumed) from.
-  std::int64_t initial_batch = 0;
-  /// The global index of the batch being trained.
-  std::int64_t current_batch = 0;
-  /// Batches per epoch on this rank; 0 until training starts.
-  std::int64_t epoch_len = 0;
-  std::filesystem::path output_dir{};
-  /// NumPy's and Python's generator states from the Determined checkpoint this run continues
-  /// (`np_rng_state`, `random_rng_state`), written back into its checkpoints; none otherwise.
-  c10::IValue python_generators{};
-};
-}  // namespace dettrial::detail
-
-namespace dettrial::detail {
-struct ContextAccess;
-}  // namespace dettrial::detail
-
-namespace dettrial {
-/**
- * @brief What a trial sees of its run (Determined's PyTorchTrialContext).
- *
- * Imperative trials take it in their constructor and wrap their models, optimizers and schedulers
- * with it; declarative trials may take it to read hyperparameters. The trainer keeps the counters.
- */
-class Context {
- public:
-  /// A context for the one trial an experiment config describes.
-  explicit Context(const ExperimentConfig& config, ContextOptions options = {});
-
-  /// A context from hyperparameters alone (an empty experiment config).
-  explicit Context(Hyperparameters hparams, ContextOptions options = {});
-
-  Context(Hyperparameters hparams, ExperimentConfig config, ContextOptions options);
-
-  Context(const Context&) = delete;
-  Context& operator=(const Context&) = delete;
-  // Out of line (compiled once in separate compilation): destroying a Context's members is a
-  // large graph of inline code (optimizers, buckets, schedulers, the config) that a translation
-  // unit making a Context would otherwise compile. (In a whole trial's unit the saving is small:
-  // docs/benchmarks.md.)
-  ~Context();
-
-  // ---- hyperparameters and configuration -------------------------------------------------------
-
-  /// The hyperparameter `name` (dotted for nested values) as T; throws HyperparameterError naming it.
-  template <class T>
-  T get_hparam(std::string_view name) const {
-    return hparams_.get<T>(name);
-  }
-  const Hyperparameters& get_hparams() const { return hparams_; }
-  /// The experiment config's `data` section.
-  const YAML::Node& get_data_config() const { return config_.data; }
-  /// The value at `path` (dotted for nested values) of the config's `data` section as T; throws
-  /// ConfigError naming `data.<path>` when it is missing or is not a T. The common types are read
-  /// once, in dettrial::compiled: a trial's translation unit compiles no YAML lookup for them.
-  template <class T>
-  T get_data(std::string_view path) const;
-  /// The same, or `fallback` when the `data` section does not have `path` (a present but mistyped
-  /// value still throws).
-  template <class T>
-  T get_data_or(std::string_view path, T fallback) const {
-    return has_data(path) ? get_data<T>(path) : std::move(fallback);
-  }
-  /// True when the `data` section has a value at `path`.
-  bool has_data(std::string_view path) const { return config_.has_data(path); }
-  /// The running fit's output folder (metrics.jsonl, checkpoints/; in a search, the trial's own
-  /// `trials/<id>/`): where a trial's or callback's own files belong. Empty until `fit` starts (the
-  /// trial's constructor runs before), so read it in hooks and batches.
-  const std::filesystem::path& output_dir() const { return position_.output_dir; }
-  const ExperimentConfig& get_experiment_config() const { return config_; }
-
-  /// `global_batch_size / slots_per_trial`; needs the `global_batch_size` hyperparameter.
-  std::int64_t get_per_slot_batch_size() const { return hparams_.per_slot_batch_size(setup_.slots_per_trial); }
-  /// The effective global batch size, `per_slot * slots`.
-  std::int64_t get_global_batch_size() const { return get_per_slot_batch_size() * setup_.slots_per_trial; }
-  /// The job's ranks: the communicator's size, else `resources.slots_per_trial` (which a fit then
-  /// refuses above 1: one process would train alone on a slot's share of each global batch).
-  std::int64_t slots_per_trial() const { return setup_.slots_per_trial; }
-  /// True when the `global_batch_size` hyperparameter exists.
-  bool has_global_batch_size() const { return hparams_.global_batch_size().has_value(); }
-
-  // ---- seed, device, distribution -------------------------------------------------------------
-
-  /// The seed every RNG was seeded with: the same seed gives the same run.
-  std::uint64_t get_trial_seed() const { return setup_.trial_seed; }
-  /// The trial's id in its experiment: 1, 2, ... in a search run by dettrial; 0 for a trial run on its
-  /// own (see ContextOptions::trial_id).
-  std::int64_t get_trial_id() const { return setup_.trial_id; }
-  /// The experiment's id: a search's own number, kept when it is continued; 0 for a trial run on its own.
-  std::int64_t get_experiment_id() const { return setup_.experiment_id; }
-  const torch::Device& device() const { return setup_.device; }
-  const DistributedInfo& distributed() const { return setup_.distributed; }
-  /// The job's process group, or null for one process.
-  Communicator* communicator() const { return setup_.communicator.get(); }
-  /// The thread count this process is to compute with and why (see ContextOptions::threads).
-  const ThreadChoice& threads() const { return setup_.threads; }
-  /**
-   * @brief What the process this context trains in should set for itself: the thread count, the
-   * config's determinism, glibc's retention of freed memory, and the trial's seed (the chief's, in a
-   * job). The context applies none of it: `dettrial::main` does, and a main of one's own calls
-   * `context.process_settings().apply()` once, before building the trial.
-   */
-  ProcessSettings process_settings() const {
-    return {.threads = setup_.threads, .deterministic = setup_.deterministic, .keep_freed_memory = true, .seed = setup_.trial_seed};
-  }
-  std::int64_t aggregation_frequency() const { return setup_.step.aggregation_frequency; }
-
-  /// Moves a nested batch to this context's device (see dettrial::to_device).
-  template <class B>
-  std::remove_cvref_t<B> to_device(B&& batch) const {
-    return dettrial::to_device(std::forward<B>(batch), setup_.device, setup_.device.is_cuda());
-  }
-
-  // ---- counters -------------------------------------------------------------------------------
-
-  /// The batch index training started (or resumed) from.
-  std::int64_t get_initial_batch() const { return position_.initial_batch; }
-  /// The global index of the batch being trained.
-  std::int64_t current_train_batch() const { return position_.current_batch; }
-  /// The epoch of the batch being trained.
-  std::int64_t current_train_epoch() const { return position_.current_batch / require_epoch_len(); }
-  bool is_epoch_start() const { return position_.current_batch % require_epoch_len() == 0; }
-  bool is_epoch_end() const { return position_.current_batch % require_epoch_len() == require_epoch_len() - 1; }
-  /// True on batches that step the optimizers (every `aggregation_frequency`-th batch).
-  bool is_update_batch() const { return (position_.current_batch + 1) % setup_.step.aggregation_frequency == 0; }
-
-  /// Ask the trainer to checkpoint and stop at the next boundary.
-  void set_stop_requested(bool stop) { stop_requested_ = stop; }
-  bool get_stop_requested() const { return stop_requested_; }
-
-  // ---- TensorBoard ----------------------------------------------------------------------------
-
-  /// The run's TensorBoard writer, for a trial's own scalars and histograms next to the trainer's
-  /// metrics (`add_scalar(tag, value, context.current_train_batch())`). It writes from the start of
-  /// `fit` on the chief; before that, and on the other ranks, it writes nothing.
-  TensorBoardWriter& get_tensorboard_writer() { return tensorboard_; }
-  /// `<output_dir>/tensorboard`, where the run's event files go (empty until `fit` starts).
-  std::filesystem::path get_tensorboard_path() const;
-  /// Whether the trainer writes its metrics, learning rates and timings to TensorBoard (default on).
-  /// Off, the writer still takes the trial's own scalars.
-  void set_enable_tensorboard_logging(bool on) { tensorboard_logging_ = on; }
-
-  /**
-   * @brief Profiles training with LibTorch's profiler on a schedule (Determined's `set_profiler`,
-   * with `torch.profiler.profile`'s arguments), from the trial's constructor. The trainer steps it
-   * after every training batch and writes each cycle's trace to the run's TensorBoard folder, where
-   * TensorBoard's profile plugin reads it. It takes the place of the config's `profiling` section.
-   * A schedule `torch.profiler.schedule` would refuse is a ConfigError.
-   *
-   * @code
-   * context.set_profiler({.activities = {dettrial::ProfilerActivity::cpu, dettrial::ProfilerActivity::cuda},
-   *                       .schedule = {.wait = 1, .warmup = 1, .active = 2, .repeat = 2}});
-   * @endcode
-   */
-  void set_profiler(ProfilerOptions options) {
-    detail::check_profiler_options(options);
-    profiler_ = std::move(options);
-  }
-  /// What set_profiler was given, if it was called.
-  const std::optional<ProfilerOptions>& profiler_options() const { return profiler_; }
-  bool get_enable_tensorboard_logging() const { return tensorboard_logging_; }
-
-  // ---- wrapping -------------------------------------------------------------------------------
-
-  /// Moves the model to the device and registers it (train/eval mode, checkpoints). Returns it.
-  template <class M>
-  M wrap_model(M model) {
-    static_assert(ModelHandle<M>,
-                  "dettrial::Context::wrap_model<M>: M must be a LibTorch module holder (torch::nn::Linear, "
-                  "torch::nn::Sequential, ...) or a std::shared_ptr to a torch::nn::Module");
-    if constexpr (ModelHandle<M>) {  // only the sentence above when it is not
-      auto module = module_of(model);
-      module->to(setup_.device);
-      registrations_.add_model(std::move(module));
-    }
-    return model;
-  }
-
-  /**
-   * @brief Registers an optimizer so `step_optimizer` can aggregate, clip and step it. The optimizer
-   * must outlive the trainer (a member of the trial). `average_aggregated_gradients` defaults to
-   * the experiment config's.
-   */
-  template <class O>
-  O& wrap_optimizer(O& optimizer, std::optional<bool> average_aggregated_gradients = std::nullopt) {
-    static_assert(TorchOptimizer<O>, "dettrial::Context::wrap_optimizer<O>: O must derive from torch::optim::Optimizer");
-    if constexpr (TorchOptimizer<O>)  // only the sentence above when it is not
-      registrations_.add_optimizer(optimizer, average_aggregated_gradients.value_or(setup_.step.average_aggregated_gradients));
-    return optimizer;
-  }
-
-  /**
-   * @brief Registers an LR scheduler to be stepped by dettrial in `Mode` (see dettrial::lr_step),
-   * every `frequency` units. The scheduler must outlive the trainer. Returns it.
-   */
-  template <class S, class Mode = lr_step::every_batch>
-  S& wrap_lr_scheduler(S& scheduler, Mode mode = {}, std::int64_t frequency = 1) {
-    registrations_.add_lr_scheduler(scheduler, mode, frequency);
-    return scheduler;
-  }
-
-  /// Steps the lr_step::on_validation schedulers with this validation's metrics (the trainer calls it).
-  void step_lr_schedulers_on_validation(const MetricValues& metrics) { registrations_.step_lr_schedulers_on_validation(metrics); }
-
-  /**
-   * @brief Registers a user reducer (Determined's `wrap_reducer`): reset before each training workload
-   * and validation, reduced at its end, and reported under `name` (or, for MetricValues, their own
-   * names). `reducer` is one of:
-   * - a CrossSlotReducer (`per_slot_reduce()` on every rank, `cross_slot_reduce(parts)` over all
-   *   ranks' parts): owned by the caller, returned as given;
-   * - a function of `const std::vector<T>&` (T = double unless given): dettrial keeps a
-   *   FunctionReducer<T> and returns it; the trial calls its `update(value)`, and the function gets
-   *   every rank's values in batch order;
-   * - a LocalReducer (`reduce()` only): one process only, since it cannot see the other ranks' data.
-   */
-  template <class T = double, class R>
-  decltype(auto) wrap_reducer(R&& reducer, std::string name = {}, bool for_training = true, bool for_validation = true) {
-    return registrations_.add_reducer<T>(std::forward<R>(reducer), std::move(name), for_training, for_validation,
-                                         setup_.communicator != nullptr);
-  }
-
-  /**
-   * @brief Registers a weight average of `model`, which the trainer then updates after every
-   * `schedule.every_n_steps`-th optimizer step (when the update batch ends, after all of its optimizer
-   * steps), puts in checkpoints (state_dict.pth's `model_ema`, torchvision's name and layout) and
-   * restores on resume, and whose buffers every rank takes from rank 0 where the models' are
-   * (validation, checkpoints), so every rank holds the same average. One per trial. Validating on it
-   * is the trial's choice: call `averaged.module()` in evaluate_batch.
-   */
-  template <class M>
-  optim::AveragedModel<M>& wrap_averaged_model(optim::AveragedModel<M>& averaged, const M& model, AveragingSchedule schedule = {}) {
-    registrations_.add_average(averaged.weights(), model.ptr(), schedule);
-    return averaged;
-  }
-  /// The wrapped average (its state dict is Python's AveragedModel's), or null.
-  std::shared_ptr<optim::AveragedWeights> averaged_weights() const {
-    const auto* average = registrations_.average();
-    return average ? average->weights : nullptr;
-  }
-
-  /// Every wrapped model, in wrap order.
-  const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return registrations_.models(); }
-  std::size_t num_optimizers() const { return registrations_.optimizers().size(); }
-  /// Wrapped optimizer `i`, in wrap order.
-  torch::optim::Optimizer& optimizer(std::size_t i) const { return *registrations_.optimizers()[i].optimizer; }
-  std::size_t num_lr_schedulers() const { return registrations_.lr_schedulers().size(); }
-
-  // ---- the training step ----------------------------------------------------------------------
-
-  /// Back-propagates `loss` (Determined's `context.backward`): outside autocast, and multiplied by the
-  /// gradient scaler's scale when one is in use.
-  void backward(const torch::Tensor& loss, bool retain_graph = false, bool create_graph = false);
-  /// Back-propagates a non-scalar `output` with `gradient` (PyTorch's `backward(gradient)`).
-  void backward(const torch::Tensor& output, const torch::Tensor& gradient, bool retain_graph = false, bool create_graph = false);
-
-  /**
-   * @brief Steps a wrapped optimizer with Determined's semantics: on batches that are not update
-   * batches it returns (gradients accumulate); on update batches it divides the gradients by the
-   * aggregation frequency (if averaging), clips them, steps, and zeroes them.
-   */
-  template <class Clip = clip::none>
-  void step_optimizer(torch::optim::Optimizer& optimizer, Clip clip_gradients = {}, bool auto_zero_grads = true) {
-    static_assert(GradientClipper<Clip>,
-                  "dettrial::Context::step_optimizer: the clip argument must be callable with std::vector<torch::Tensor>& "
-                  "(dettrial::clip::by_norm{...}, clip::by_value{...})");
-    detail::WrappedOptimizer* w = gradients_for_step(optimizer, auto_zero_grads);
-    if (!w) return;                                                  // not an update batch
-    if constexpr (GradientClipper<Clip>) clip_gradients(w->params);  // else only the sentence above
-    step_.step(*w, auto_zero_grads);
-  }
-
-  /// Whether gradients are summed in the data stream's order (reproducibility.rank_invariant).
-  bool rank_invariant() const { return step_.rank_invariant(); }
-
-  // ---- mixed precision ------------------------------------------------------------------------
-
-  /**
-   * @brief Registers a gradient scaler (Determined's `wrap_scaler`): from then on `backward` scales
-   * the loss, `step_optimizer` unscales the gradients before clipping and skips a step with an inf
-   * or NaN gradient, and the trainer updates the scale after each update batch; checkpoints keep its
-   * state. At most one; with `mixed_precision: fp16` the context has one of its own unless a trial wraps one.
-   */
-  GradScaler& wrap_scaler(GradScaler& scaler) { return step_.precision().wrap_scaler(scaler); }
-  /// The scaler in use, or nullptr.
-  GradScaler* scaler() const { return step_.precision().scaler(); }
-  /// The precision forward passes run in (the trainer enters autocast around the trial's hooks).
-  Precision precision() const { return step_.precision().precision(); }
-  /// Autocast's dtype for this precision on this context's device; none for fp32.
-  std::optional<at::ScalarType> autocast_dtype() const { return step_.precision().autocast_dtype(); }
-
- private:
-  // ---- driven by the trainer alone, through detail::ContextAccess ------------------------------
-  friend struct detail::ContextAccess;
-
-  /// Forgets every wrapped object (called when their trainer goes away).
-  void release_registrations();
-  // step_optimizer's first half, compiled once (in separate compilation) for every clip type and
-  // trial: the gradients of an update batch made whole and unscaled; null on a batch that only
-  // accumulates.
-  detail::WrappedOptimizer* gradients_for_step(torch::optim::Optimizer& optimizer, bool auto_zero_grads);
-
-  std::int64_t require_epoch_len() const;
-
-  Hyperparameters hparams_;
-  ExperimentConfig config_;
-  detail::ContextSetup setup_;
-  detail::Registrations registrations_;
-  detail::TrainingStep step_;
-  detail::RunPosition position_{};
-  TensorBoardWriter tensorboard_{};
-  bool tensorboard_logging_ = true;
-  std::optional<ProfilerOptions> profiler_;
-  bool stop_requested_ = false;
-};
-
-// Not inline, so that the explicit instantiations below keep a trial's translation unit from compiling it.
-template <class T>
-T Context::get_data(std::string_view path) const {
-  const YAML::Node node = config_.data_node(path);
-  T value{};
-  if (!detail::try_read(node, value))
-    throw ConfigError(detail::where(node, config_.source) + ": data." + std::string(path) + " is " + detail::describe(node) +
-                      ", which is not a " + detail::type_name<T>());
-  return value;
-}
-
-#if defined(DETTRIAL_SEPARATE_COMPILATION)
-#if DETTRIAL_HEADER_DEFINITIONS
-#define DETTRIAL_DATA_TYPE(T) template T Context::get_data<T>(std::string_view) const;
-#else
-#define DETTRIAL_DATA_TYPE(T) extern template T Context::get_data<T>(std::string_view) const;
-#endif
-DETTRIAL_DATA_TYPE(double)
-DETTRIAL_DATA_TYPE(float)
-DETTRIAL_DATA_TYPE(int)
-DETTRIAL_DATA_TYPE(std::int64_t)
-DETTRIAL_DATA_TYPE(bool)
-DETTRIAL_DATA_TYPE(std::string)
-#undef DETTRIAL_DATA_TYPE
-#endif
-
-}  // namespace dettrial
-
-// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
-#if DETTRIAL_HEADER_DEFINITIONS
 
 namespace dettrial {
 DETTRIAL_INLINE Context::Context(const ExperimentConfig& config, ContextOptions options)
@@ -15218,7 +15223,7 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
     : hparams_(std::move(hparams)),
       config_(std::move(config)),
       setup_(detail::setup_context(config_, std::move(options))),
-      step_(setup_.step, detail::PrecisionStep(setup_.precision, setup_.device)) {}
+      step_(std::make_unique<detail::TrainingStep>(setup_.step, detail::PrecisionStep(setup_.precision, setup_.device))) {}
 
 DETTRIAL_INLINE Context::~Context() = default;
 
@@ -15230,12 +15235,12 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& output, const torch:
   if (gradient.defined() && gradient.sizes() != output.sizes())
     throw TrialError("context.backward: the gradient's shape " + c10::str(gradient.sizes()) + " differs from the output's " +
                      c10::str(output.sizes()));
-  step_.backward(registrations_.optimizers(), is_update_batch(), output, gradient, setup_.device, retain_graph, create_graph);
+  step_->backward(registrations_.optimizers(), is_update_batch(), output, gradient, setup_.device, retain_graph, create_graph);
 }
 
 DETTRIAL_INLINE void Context::release_registrations() {
   registrations_.clear();
-  step_.release();
+  step_->release();
   stop_requested_ = false;
   position_ = {};
 }
@@ -15254,9 +15259,21 @@ DETTRIAL_INLINE detail::WrappedOptimizer* Context::gradients_for_step(torch::opt
     throw TrialError("step_optimizer(auto_zero_grads=false) cannot be used with aggregation_frequency > 1");
   if (!is_update_batch()) return nullptr;
   detail::WrappedOptimizer& w = registrations_.find(optimizer);
-  step_.reduce(w, registrations_.optimizers(), position_.current_batch);
+  step_->reduce(w, registrations_.optimizers(), position_.current_batch);
   return &w;
 }
+
+DETTRIAL_INLINE void Context::finish_step(detail::WrappedOptimizer& w, bool auto_zero_grads) { step_->step(w, auto_zero_grads); }
+
+DETTRIAL_INLINE bool Context::rank_invariant() const { return step_->rank_invariant(); }
+
+DETTRIAL_INLINE GradScaler& Context::wrap_scaler(GradScaler& scaler) { return step_->precision().wrap_scaler(scaler); }
+
+DETTRIAL_INLINE GradScaler* Context::scaler() const { return step_->precision().scaler(); }
+
+DETTRIAL_INLINE Precision Context::precision() const { return step_->precision().precision(); }
+
+DETTRIAL_INLINE std::optional<at::ScalarType> Context::autocast_dtype() const { return step_->precision().autocast_dtype(); }
 
 }  // namespace dettrial
 
@@ -15832,24 +15849,45 @@ struct ContextAccess {
 
   /// When a fit starts, after its checkpoint is restored: ZeRO `stage` checked and started (see
   /// TrainingStep::start_fit).
-  static void start_training_step(TrainerKey, Context& c, ZeroStage stage) { c.step_.start_fit(stage, c.registrations_.optimizers()); }
+  static void start_training_step(TrainerKey, Context& c, ZeroStage stage);
   /// Begins training batch `position().current_batch` of `records` records (with rank_invariant,
   /// its random draws seeded from its place in the data stream).
-  static void begin_training_batch(TrainerKey, Context& c, std::int64_t records) {
-    c.step_.begin_batch(c.position_.current_batch, records);
-  }
+  static void begin_training_batch(TrainerKey, Context& c, std::int64_t records);
   /// Ends the training batch, after train_batch and before the loop steps what it owns after an
   /// update (the LR schedulers and the average, trainer/after_update.hpp): on an update batch the
   /// scaler's update, once however many optimizers stepped; on the others, with rank_invariant,
   /// the micro-batch's gradients stashed.
-  static void finish_batch(TrainerKey, Context& c) { c.step_.finish_batch(c.registrations_.optimizers(), c.is_update_batch()); }
+  static void finish_batch(TrainerKey, Context& c);
   /// For the checkpoint being taken: the optimizers' whole state (ZeRO's pieces gathered on the
   /// chief; a collective there), dropped when the result ends.
-  [[nodiscard]] static WholeStates whole_optimizer_states(TrainerKey, Context& c) {
-    return c.step_.whole_states(c.registrations_.optimizers());
-  }
+  [[nodiscard]] static WholeStates whole_optimizer_states(TrainerKey, Context& c);
 };
 }  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+// The training step's calls are among them: a trial's unit reads neither its modes nor std::visit.
+#if DETTRIAL_HEADER_DEFINITIONS
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void ContextAccess::start_training_step(TrainerKey, Context& c, ZeroStage stage) {
+  c.step_->start_fit(stage, c.registrations_.optimizers());
+}
+
+DETTRIAL_INLINE void ContextAccess::begin_training_batch(TrainerKey, Context& c, std::int64_t records) {
+  c.step_->begin_batch(c.position_.current_batch, records);
+}
+
+DETTRIAL_INLINE void ContextAccess::finish_batch(TrainerKey, Context& c) {
+  c.step_->finish_batch(c.registrations_.optimizers(), c.is_update_batch());
+}
+
+DETTRIAL_INLINE WholeStates ContextAccess::whole_optimizer_states(TrainerKey, Context& c) {
+  return c.step_->whole_states(c.registrations_.optimizers());
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
 // ---- end dettrial/context/detail/access.hpp
 // ---- begin dettrial/detail/json_fwd.hpp
 // SPDX-License-Identifier: Apache-2.0

@@ -24,7 +24,7 @@
 #include "../detail/linkage.hpp"
 #include "../detail/yaml.hpp"
 #include "../optim/clip.hpp"
-#include "../step/detail/training_step.hpp"
+#include "../step/detail/step_mode.hpp"
 #include "../tensorboard/event_file.hpp"
 #include "options.hpp"
 #include "detail/registrations.hpp"
@@ -48,6 +48,7 @@ struct RunPosition {
 
 namespace dettrial::detail {
 struct ContextAccess;
+class TrainingStep;
 }  // namespace dettrial::detail
 
 namespace dettrial {
@@ -301,11 +302,11 @@ class Context {
     detail::WrappedOptimizer* w = gradients_for_step(optimizer, auto_zero_grads);
     if (!w) return;                                                  // not an update batch
     if constexpr (GradientClipper<Clip>) clip_gradients(w->params);  // else only the sentence above
-    step_.step(*w, auto_zero_grads);
+    finish_step(*w, auto_zero_grads);
   }
 
   /// Whether gradients are summed in the data stream's order (reproducibility.rank_invariant).
-  bool rank_invariant() const { return step_.rank_invariant(); }
+  bool rank_invariant() const;
 
   // ---- mixed precision ------------------------------------------------------------------------
 
@@ -315,13 +316,13 @@ class Context {
    * or NaN gradient, and the trainer updates the scale after each update batch; checkpoints keep its
    * state. At most one; with `mixed_precision: fp16` the context has one of its own unless a trial wraps one.
    */
-  GradScaler& wrap_scaler(GradScaler& scaler) { return step_.precision().wrap_scaler(scaler); }
+  GradScaler& wrap_scaler(GradScaler& scaler);
   /// The scaler in use, or nullptr.
-  GradScaler* scaler() const { return step_.precision().scaler(); }
+  GradScaler* scaler() const;
   /// The precision forward passes run in (the trainer enters autocast around the trial's hooks).
-  Precision precision() const { return step_.precision().precision(); }
+  Precision precision() const;
   /// Autocast's dtype for this precision on this context's device; none for fp32.
-  std::optional<at::ScalarType> autocast_dtype() const { return step_.precision().autocast_dtype(); }
+  std::optional<at::ScalarType> autocast_dtype() const;
 
  private:
   // ---- driven by the trainer alone, through detail::ContextAccess ------------------------------
@@ -333,6 +334,8 @@ class Context {
   // trial: the gradients of an update batch made whole and unscaled; null on a batch that only
   // accumulates.
   detail::WrappedOptimizer* gradients_for_step(torch::optim::Optimizer& optimizer, bool auto_zero_grads);
+  // Its second half: the step (or its skip), then zero_grad when asked.
+  void finish_step(detail::WrappedOptimizer& w, bool auto_zero_grads);
 
   std::int64_t require_epoch_len() const;
 
@@ -340,7 +343,9 @@ class Context {
   ExperimentConfig config_;
   detail::ContextSetup setup_;
   detail::Registrations registrations_;
-  detail::TrainingStep step_;
+  // Held through a pointer so that a trial's unit does not read the step's modes (their classes,
+  // and std::visit over them, are compiled once with the rest of the Context).
+  std::unique_ptr<detail::TrainingStep> step_;
   detail::RunPosition position_{};
   TensorBoardWriter tensorboard_{};
   bool tensorboard_logging_ = true;
@@ -380,6 +385,7 @@ DETTRIAL_DATA_TYPE(std::string)
 #if DETTRIAL_HEADER_DEFINITIONS
 #include "../error.hpp"
 #include "../layout.hpp"
+#include "../step/detail/training_step.hpp"
 
 namespace dettrial {
 DETTRIAL_INLINE Context::Context(const ExperimentConfig& config, ContextOptions options)
@@ -392,7 +398,7 @@ DETTRIAL_INLINE Context::Context(Hyperparameters hparams, ExperimentConfig confi
     : hparams_(std::move(hparams)),
       config_(std::move(config)),
       setup_(detail::setup_context(config_, std::move(options))),
-      step_(setup_.step, detail::PrecisionStep(setup_.precision, setup_.device)) {}
+      step_(std::make_unique<detail::TrainingStep>(setup_.step, detail::PrecisionStep(setup_.precision, setup_.device))) {}
 
 DETTRIAL_INLINE Context::~Context() = default;
 
@@ -404,12 +410,12 @@ DETTRIAL_INLINE void Context::backward(const torch::Tensor& output, const torch:
   if (gradient.defined() && gradient.sizes() != output.sizes())
     throw TrialError("context.backward: the gradient's shape " + c10::str(gradient.sizes()) + " differs from the output's " +
                      c10::str(output.sizes()));
-  step_.backward(registrations_.optimizers(), is_update_batch(), output, gradient, setup_.device, retain_graph, create_graph);
+  step_->backward(registrations_.optimizers(), is_update_batch(), output, gradient, setup_.device, retain_graph, create_graph);
 }
 
 DETTRIAL_INLINE void Context::release_registrations() {
   registrations_.clear();
-  step_.release();
+  step_->release();
   stop_requested_ = false;
   position_ = {};
 }
@@ -428,9 +434,21 @@ DETTRIAL_INLINE detail::WrappedOptimizer* Context::gradients_for_step(torch::opt
     throw TrialError("step_optimizer(auto_zero_grads=false) cannot be used with aggregation_frequency > 1");
   if (!is_update_batch()) return nullptr;
   detail::WrappedOptimizer& w = registrations_.find(optimizer);
-  step_.reduce(w, registrations_.optimizers(), position_.current_batch);
+  step_->reduce(w, registrations_.optimizers(), position_.current_batch);
   return &w;
 }
+
+DETTRIAL_INLINE void Context::finish_step(detail::WrappedOptimizer& w, bool auto_zero_grads) { step_->step(w, auto_zero_grads); }
+
+DETTRIAL_INLINE bool Context::rank_invariant() const { return step_->rank_invariant(); }
+
+DETTRIAL_INLINE GradScaler& Context::wrap_scaler(GradScaler& scaler) { return step_->precision().wrap_scaler(scaler); }
+
+DETTRIAL_INLINE GradScaler* Context::scaler() const { return step_->precision().scaler(); }
+
+DETTRIAL_INLINE Precision Context::precision() const { return step_->precision().precision(); }
+
+DETTRIAL_INLINE std::optional<at::ScalarType> Context::autocast_dtype() const { return step_->precision().autocast_dtype(); }
 
 }  // namespace dettrial
 

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "../../config/experiment_config.hpp"
+#include "../../detail/linkage.hpp"
 #include "../context.hpp"
 
 namespace dettrial {
@@ -54,21 +55,43 @@ struct ContextAccess {
 
   /// When a fit starts, after its checkpoint is restored: ZeRO `stage` checked and started (see
   /// TrainingStep::start_fit).
-  static void start_training_step(TrainerKey, Context& c, ZeroStage stage) { c.step_.start_fit(stage, c.registrations_.optimizers()); }
+  static void start_training_step(TrainerKey, Context& c, ZeroStage stage);
   /// Begins training batch `position().current_batch` of `records` records (with rank_invariant,
   /// its random draws seeded from its place in the data stream).
-  static void begin_training_batch(TrainerKey, Context& c, std::int64_t records) {
-    c.step_.begin_batch(c.position_.current_batch, records);
-  }
+  static void begin_training_batch(TrainerKey, Context& c, std::int64_t records);
   /// Ends the training batch, after train_batch and before the loop steps what it owns after an
   /// update (the LR schedulers and the average, trainer/after_update.hpp): on an update batch the
   /// scaler's update, once however many optimizers stepped; on the others, with rank_invariant,
   /// the micro-batch's gradients stashed.
-  static void finish_batch(TrainerKey, Context& c) { c.step_.finish_batch(c.registrations_.optimizers(), c.is_update_batch()); }
+  static void finish_batch(TrainerKey, Context& c);
   /// For the checkpoint being taken: the optimizers' whole state (ZeRO's pieces gathered on the
   /// chief; a collective there), dropped when the result ends.
-  [[nodiscard]] static WholeStates whole_optimizer_states(TrainerKey, Context& c) {
-    return c.step_.whole_states(c.registrations_.optimizers());
-  }
+  [[nodiscard]] static WholeStates whole_optimizer_states(TrainerKey, Context& c);
 };
 }  // namespace dettrial::detail
+
+// Definitions: inline header-only, compiled once by <dettrial/src.hpp> in separate-compilation mode.
+// The training step's calls are among them: a trial's unit reads neither its modes nor std::visit.
+#if DETTRIAL_HEADER_DEFINITIONS
+#include "../../step/detail/training_step.hpp"
+
+namespace dettrial::detail {
+
+DETTRIAL_INLINE void ContextAccess::start_training_step(TrainerKey, Context& c, ZeroStage stage) {
+  c.step_->start_fit(stage, c.registrations_.optimizers());
+}
+
+DETTRIAL_INLINE void ContextAccess::begin_training_batch(TrainerKey, Context& c, std::int64_t records) {
+  c.step_->begin_batch(c.position_.current_batch, records);
+}
+
+DETTRIAL_INLINE void ContextAccess::finish_batch(TrainerKey, Context& c) {
+  c.step_->finish_batch(c.registrations_.optimizers(), c.is_update_batch());
+}
+
+DETTRIAL_INLINE WholeStates ContextAccess::whole_optimizer_states(TrainerKey, Context& c) {
+  return c.step_->whole_states(c.registrations_.optimizers());
+}
+
+}  // namespace dettrial::detail
+#endif  // DETTRIAL_HEADER_DEFINITIONS
