@@ -159,6 +159,11 @@ if(TARGET gpt AND TARGET gpt_sample)
                                           "${_gpt_run}" "${PROJECT_SOURCE_DIR}/examples/gpt/cpu.yaml")
   set_tests_properties("${_gpt_example}" PROPERTIES FIXTURES_REQUIRED dettrial_gpt_data FIXTURES_SETUP dettrial_gpt_run SKIP_RETURN_CODE 77
                        PASS_REGULAR_EXPRESSION "batches 60 +epochs 0 +val_loss [0-3]\\.[0-9]+")
+  set(_gpt_together "gpt: the example stopped at batch 20 and resumed trains as uninterrupted, and 2 ranks with ZeRO-1 as 2 without, bit for bit")
+  add_test(NAME "${_gpt_together}" COMMAND "${CMAKE_CURRENT_SOURCE_DIR}/cli/gpt_together.sh" $<TARGET_FILE:gpt> "${_gpt_data}"
+                                           "${CMAKE_CURRENT_BINARY_DIR}/gpt-together" "${PROJECT_SOURCE_DIR}/examples/gpt/cpu.yaml")
+  set_tests_properties("${_gpt_together}" PROPERTIES FIXTURES_REQUIRED dettrial_gpt_data SKIP_RETURN_CODE 77 TIMEOUT 300
+                       PASS_REGULAR_EXPRESSION "ok: 2 ranks with ZeRO-1")
   if(DETTRIAL_TENSORBOARD_PYTHON)
     add_test(NAME "gpt: TensorBoard's text dashboard reads the example's samples"
              COMMAND "${DETTRIAL_TENSORBOARD_PYTHON}" "${CMAKE_CURRENT_SOURCE_DIR}/python/read_tensorboard_text.py" "${_gpt_run}" samples "```")
